@@ -131,7 +131,9 @@ def deprecated(
         if isinstance(obj, (staticmethod, classmethod)):
             return type(obj)(decorate(obj.__func__))
         if not callable(obj):
-            raise TypeError(f"deprecated() applies to functions, methods and classes, not {type(obj).__name__}")
+            raise TypeError(
+                f"deprecated() applies to functions, methods and classes, not {type(obj).__name__}"
+            )
         warner = _CallSiteWarner(info.message(f"{obj.__module__}.{obj.__qualname__}"))
         wrapped = _wrap_class(obj, warner) if isinstance(obj, type) else _wrap_function(obj, warner)
         mark(wrapped, "deprecated")

@@ -1,0 +1,156 @@
+"""The distributed harness itself: results, failures, hangs, crashes and isolation."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from mcore_testing.distributed import DistributedTestError
+
+
+def _all_reduce_rank() -> tuple[int, int, float]:
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    return dist.get_rank(), dist.get_world_size(), value.item()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_results_come_back_in_rank_order(run_distributed, world_size):
+    results = run_distributed(_all_reduce_rank, world_size)
+    expected_sum = world_size * (world_size + 1) / 2
+    assert results == [(rank, world_size, expected_sum) for rank in range(world_size)]
+
+
+def _scaled_sum(scale, *, offset):
+    value = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(value)
+    return scale * value.item() + offset
+
+
+def test_arguments_reach_every_rank(run_distributed):
+    assert run_distributed(_scaled_sum, 3, 2.0, offset=1.0) == [7.0, 7.0, 7.0]
+
+
+def test_closures_run_without_pickling(run_distributed):
+    local_tensor = torch.arange(4.0)
+
+    def body():
+        return (local_tensor * dist.get_rank()).tolist()
+
+    assert run_distributed(body, 2) == [[0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 2.0, 3.0]]
+
+
+def _fail_on_rank_one():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one refuses")
+    dist.barrier()  # rank 0 waits for a peer that never arrives
+
+
+def test_a_failing_rank_is_reported_with_its_traceback(run_distributed):
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError) as error:
+        run_distributed(_fail_on_rank_one, 2, timeout=20)
+    message = str(error.value)
+    first_report = message.split("--- ")[1]
+    assert first_report.startswith("rank 1 (exit code 0): Traceback")
+    assert "in _fail_on_rank_one" in first_report
+    assert first_report.rstrip().endswith("ValueError: rank one refuses")
+    # Rank 0, left alone in the barrier, fails or is stopped soon after, not at the 20 s timeout.
+    assert "--- rank 0" in message
+    assert time.monotonic() - start < 15
+
+
+def _hang_on_rank_zero():
+    if dist.get_rank() == 0:
+        time.sleep(600)
+
+
+def test_a_hung_rank_times_out_and_shows_where_it_was(run_distributed):
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError) as error:
+        run_distributed(_hang_on_rank_zero, 2, timeout=2)
+    elapsed = time.monotonic() - start
+    message = str(error.value)
+    assert "1 of 2 ranks failed" in message
+    assert "rank 0" in message and "did not finish within 2 s" in message
+    assert "_hang_on_rank_zero" in message  # the stack faulthandler captured
+    assert elapsed < 10
+
+
+def _hang_in_collective():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins
+
+
+def test_a_collective_missing_a_peer_fails_well_under_a_minute(run_distributed):
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError, match="rank 0"):
+        run_distributed(_hang_in_collective, 2, timeout=3)
+    assert time.monotonic() - start < 10
+
+
+def _crash_rank_one():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_crashed_rank_is_reported(run_distributed):
+    with pytest.raises(DistributedTestError) as error:
+        run_distributed(_crash_rank_one, 2, timeout=10)
+    assert "rank 1 (killed by SIGKILL): exited without reporting a result" in str(error.value)
+
+
+def _store_key_seen_before():
+    store = dist.distributed_c10d._get_default_store()
+    seen = store.check(["left-by-an-earlier-call"])
+    dist.barrier()
+    store.set("left-by-an-earlier-call", "x")
+    dist.barrier()
+    return seen
+
+
+def test_each_call_gets_a_fresh_rendezvous(run_distributed):
+    assert run_distributed(_store_key_seen_before, 2) == [False, False]
+    assert run_distributed(_store_key_seen_before, 2) == [False, False]
+
+
+def test_no_rank_process_outlives_the_call(run_distributed):
+    run_distributed(_all_reduce_rank, 2)
+    with pytest.raises(DistributedTestError):
+        run_distributed(_hang_on_rank_zero, 2, timeout=1)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no children left, not even zombies
+
+
+def _init_from_environment():
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    return rank, os.environ["WORLD_SIZE"]
+
+
+def test_ranks_can_set_up_the_group_themselves(run_distributed):
+    results = run_distributed(_init_from_environment, 2, init_process_group=False)
+    assert results == [(0, "2"), (1, "2")]
+
+
+def test_the_default_group_is_left_after_each_call(run_distributed):
+    assert run_distributed(dist.is_initialized, 2) == [True, True]
+    assert not dist.is_initialized()  # the test process itself never joins
+
+
+def test_bad_arguments_are_rejected(run_distributed):
+    with pytest.raises(ValueError, match="world_size"):
+        run_distributed(_all_reduce_rank, 0)
+    with pytest.raises(ValueError, match="timeout"):
+        run_distributed(_all_reduce_rank, 2, timeout=0)
+
+
+def test_tests_using_the_harness_are_marked_distributed(request, run_distributed):
+    assert request.node.get_closest_marker("distributed") is not None
+
+
+def test_tests_not_using_it_are_not(request):
+    assert request.node.get_closest_marker("distributed") is None

@@ -1,0 +1,262 @@
+"""Run a test body on several ranks: forked processes joined by a fresh gloo process group.
+
+Forking a test process that has already imported torch costs milliseconds, and each call gets
+its own rendezvous (a ``FileStore`` in a temporary directory), so hundreds of distributed cases
+stay cheap on a 2-core machine and never see each other's keys or ports.
+
+A failing rank is reported with its own traceback; a rank that hangs (for example in a collective
+its peers never join) is interrupted at ``timeout``, and the error shows the stack every unfinished
+rank was stuck in.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import Connection, Pipe, wait
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 30.0
+# After one rank fails, its peers get this long to finish before they are killed: they are often
+# blocked in a collective that the failed rank will never join.
+_GRACE_AFTER_FAILURE_S = 2.0
+
+
+class DistributedTestError(AssertionError):
+    """One or more ranks failed, crashed or timed out; the message holds each rank's report."""
+
+
+def run_distributed(
+    body: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    backend: str = "gloo",
+    init_process_group: bool = True,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``body(*args, **kwargs)`` on ``world_size`` forked ranks and return their results.
+
+    With ``init_process_group`` (the default) each rank joins a new default process group of
+    ``backend`` before ``body`` runs, and leaves it afterwards; without it, the ranks get the usual
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` environment and set
+    up the group themselves. Results come back in rank order and must be picklable.
+
+    Raises:
+        DistributedTestError: a rank raised (its traceback is in the message), died without
+            reporting, or had not finished after ``timeout`` seconds.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "run_distributed forks its ranks, and CUDA is already initialized in the test process; "
+            "touch CUDA only inside the body"
+        )
+    with tempfile.TemporaryDirectory(prefix="mcore-dist-") as workdir:
+        rendezvous = _Rendezvous(Path(workdir), world_size, backend, timeout, init_process_group)
+        ranks = [_start_rank(rank, rendezvous, body, args, kwargs) for rank in range(world_size)]
+        try:
+            _collect(ranks, timeout)
+        finally:
+            for rank in ranks:
+                rank.kill()
+    # The first rank to fail usually caused the others to fail: report it first.
+    failures = sorted((rank for rank in ranks if not rank.succeeded), key=lambda rank: rank.reported_at)
+    if failures:
+        raise DistributedTestError(_failure_report(body, world_size, failures))
+    return [rank.result for rank in ranks]
+
+
+class _Rendezvous:
+    """Where the ranks of one call meet: a fresh file store, or a fresh port for ``env://``."""
+
+    def __init__(self, workdir: Path, world_size: int, backend: str, timeout: float, init: bool):
+        self.workdir = workdir
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = timeout
+        self.init = init
+        self.store_path = str(workdir / "store")
+        self.master_port = None if init else _free_port()
+
+    def join(self, rank: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # ranks share the machine's cores
+        if not self.init:
+            os.environ.update(
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(self.world_size),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(self.master_port),
+            )
+            return
+        # Collectives give up a little before the harness does, so a hang usually surfaces as an
+        # exception with a traceback from the rank itself.
+        dist.init_process_group(
+            self.backend,
+            store=dist.FileStore(self.store_path, self.world_size),
+            rank=rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.timeout * 0.8),
+        )
+
+    def leave(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Rank:
+    """The parent's view of one forked rank."""
+
+    def __init__(self, rank: int, pid: int, conn: Connection, stack_file: Path):
+        self.rank = rank
+        self.pid = pid
+        self.conn = conn
+        self.stack_file = stack_file
+        self.reported = False
+        self.succeeded = False
+        self.result: Any = None
+        self.failure = ""
+        self.exit_status: int | None = None
+        self.reported_at = float("inf")
+
+    def receive(self) -> None:
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.failure = "exited without reporting a result"
+        else:
+            self.succeeded = status == "ok"
+            self.result = payload if self.succeeded else None
+            self.failure = "" if self.succeeded else payload
+        self.reported = True
+        self.reported_at = time.monotonic()
+
+    def dump_stack(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        if self.exit_status is not None:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, self.exit_status = os.waitpid(self.pid, 0)
+        self.conn.close()
+
+    def describe_exit(self) -> str:
+        if self.exit_status is None:
+            return "still running"
+        if os.WIFSIGNALED(self.exit_status):
+            return f"killed by {signal.Signals(os.WTERMSIG(self.exit_status)).name}"
+        return f"exit code {os.WEXITSTATUS(self.exit_status)}"
+
+
+def _start_rank(
+    rank: int, rendezvous: _Rendezvous, body: Callable[..., Any], args: tuple, kwargs: dict
+) -> _Rank:
+    receiver, sender = Pipe(duplex=False)
+    stack_file = rendezvous.workdir / f"stack-{rank}.txt"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the rank
+        receiver.close()
+        _run_rank(rank, rendezvous, body, args, kwargs, sender, stack_file)
+    sender.close()
+    return _Rank(rank, pid, receiver, stack_file)
+
+
+def _run_rank(
+    rank: int,
+    rendezvous: _Rendezvous,
+    body: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    sender: Connection,
+    stack_file: Path,
+) -> None:
+    exit_code = 0
+    try:
+        with open(stack_file, "w") as stacks:
+            faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+            try:
+                rendezvous.join(rank)
+                result = body(*args, **kwargs)
+                rendezvous.leave()
+                sender.send(("ok", result))
+            except BaseException:
+                sender.send(("error", traceback.format_exc()))
+    except BaseException:
+        exit_code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+
+
+def _collect(ranks: list[_Rank], timeout: float) -> None:
+    """Wait for every rank's report, stopping early once a rank failed and its peers stalled."""
+    deadline = time.monotonic() + timeout
+    by_conn = {rank.conn: rank for rank in ranks}
+    while not all(rank.reported for rank in ranks):
+        if any(rank.reported and not rank.succeeded for rank in ranks):
+            deadline = min(deadline, time.monotonic() + _GRACE_AFTER_FAILURE_S)
+        remaining = deadline - time.monotonic()
+        pending = [rank.conn for rank in ranks if not rank.reported]
+        ready = wait(pending, timeout=max(remaining, 0))
+        if not ready:
+            peer_failed = any(rank.reported and not rank.succeeded for rank in ranks)
+            reason = "stopped after a peer failed" if peer_failed else f"did not finish within {timeout:g} s"
+            _interrupt([rank for rank in ranks if not rank.reported], reason)
+            return
+        for conn in ready:
+            by_conn[conn].receive()
+
+
+def _interrupt(stalled: list[_Rank], reason: str) -> None:
+    for rank in stalled:
+        rank.dump_stack()
+    time.sleep(0.3)  # let faulthandler write
+    for rank in stalled:
+        stack = rank.stack_file.read_text() if rank.stack_file.exists() else ""
+        rank.failure = f"{reason}; it was here:\n" + (stack or "(no stack captured)")
+        rank.kill()
+
+
+def _failure_report(body: Callable[..., Any], world_size: int, failures: list[_Rank]) -> str:
+    name = getattr(body, "__qualname__", repr(body))
+    lines = [f"{len(failures)} of {world_size} ranks failed running {name}:"]
+    for rank in failures:
+        lines.append(f"--- rank {rank.rank} ({rank.describe_exit()}): {rank.failure.rstrip()}")
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
