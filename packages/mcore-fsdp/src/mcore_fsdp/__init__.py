@@ -10,6 +10,7 @@ from importlib.metadata import version as _version
 from mcore_fsdp.collectives import count_collectives
 from mcore_fsdp.errors import CheckpointMismatchError, FSDPConfigError
 from mcore_fsdp.fully_shard import FSDPModule, fully_shard
+from mcore_fsdp.optimizer_state import load_optimizer_state_dict, optimizer_state_dict
 from mcore_fsdp.precision import MixedPrecision
 from mcore_fsdp.state_dict import LoadResult
 from mcore_fsdp.strategies import ShardingStrategy
@@ -26,4 +27,6 @@ __all__ = [
     "__version__",
     "count_collectives",
     "fully_shard",
+    "load_optimizer_state_dict",
+    "optimizer_state_dict",
 ]

@@ -10,6 +10,7 @@ writes straight into the tensors the forward uses, with no copy-out.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,16 +88,23 @@ class FlatParamGroup:
             offset += param.numel()
 
         with torch.no_grad():
-            self.main = torch.zeros(owned_numel, dtype=torch.float32, device=self.main_device)
-            for slot, (param, _, _) in zip(self.slots, params, strict=True):
-                piece = param.detach().reshape(-1)[slot.local_start : slot.local_stop]
-                self.main[self.main_range(slot)].copy_(piece)
             self._full = torch.zeros(self.padded_numel, dtype=config.compute_dtype, device=self.device)
             # Writes go through this alias, whose version counter is its own: refilling the
             # buffer must not look like an in-place change to tensors autograd saved.
             self._writable = self._full.data
             for slot, (param, _, _) in zip(self.slots, params, strict=True):
                 self._writable[slot.offset : slot.offset + slot.numel].copy_(param.detach().reshape(-1))
+            # Resident FP32 compute parameters double as main parameters: no second copy.
+            self.main_in_full = (
+                not strategy.shards_params and config.compute_dtype == torch.float32 and not config.offload
+            )
+            if self.main_in_full:
+                self.main = self._full[self.owned_start : self.owned_stop]
+            else:
+                self.main = torch.zeros(owned_numel, dtype=torch.float32, device=self.main_device)
+                for slot, (param, _, _) in zip(self.slots, params, strict=True):
+                    piece = param.detach().reshape(-1)[slot.local_start : slot.local_stop]
+                    self.main[self.main_range(slot)].copy_(piece)
 
         self.main_params = [
             nn.Parameter(self.main[self.main_range(slot)], requires_grad=slot.requires_grad)
@@ -117,7 +125,9 @@ class FlatParamGroup:
         self._input_version: int | None = None
         self._full_version: int | None = self.main._version
         self.resident = True
-        self.main_grad: torch.Tensor | None = None
+        # The main gradient buffer lives only as long as the main parameters' ``.grad`` views of
+        # it: ``optimizer.zero_grad()`` (set to None) frees it, as it frees plain gradients.
+        self._main_grad: weakref.ref | None = None
         self._grad_full: torch.Tensor | None = None
         self._pending_grads: set[int] = set()
         self.on_grads_ready: Callable[[FlatParamGroup], None] | None = None
@@ -151,7 +161,8 @@ class FlatParamGroup:
                 self._full.untyped_storage().resize_(self.padded_numel * self._full.element_size())
             with torch.no_grad():
                 if self._gather_input is None:
-                    self._writable.copy_(self.main)
+                    if not self.main_in_full:
+                        self._writable.copy_(self.main)
                     self._gather = Pending(None)
                 else:
                     if self._input_version != version:
@@ -165,7 +176,7 @@ class FlatParamGroup:
             self.wait_unshard()
 
     def _refresh_gather_input(self) -> None:
-        if self._gather_input is self.main:
+        if self._gather_input is self.main or self.main_in_full:
             return
         if self.outer_shards > 1:
             owned = self.main.to(self.device, self.config.compute_dtype)
@@ -267,19 +278,21 @@ class FlatParamGroup:
         self._accumulate_main_grad(inner)
 
     def _accumulate_main_grad(self, reduced: torch.Tensor) -> None:
+        main_grad = self._main_grad() if self._main_grad is not None else None
         with torch.no_grad():
-            if self.main_grad is None:
-                self.main_grad = torch.zeros_like(self.main)
+            if main_grad is None:
+                main_grad = torch.zeros_like(self.main)
+                self._main_grad = weakref.ref(main_grad)
             for slot, param in zip(self.slots, self.main_params, strict=True):
                 if not slot.requires_grad:
                     continue
-                view = self.main_grad[self.main_range(slot)]
+                view = main_grad[self.main_range(slot)]
                 if param.grad is None:
                     view.zero_()
                 elif param.grad.data_ptr() != view.data_ptr() or param.grad.shape != view.shape:
                     view.copy_(param.grad)
                 param.grad = view
-            self.main_grad.add_(reduced.to(self.main_device, torch.float32))
+            main_grad.add_(reduced.to(self.main_device, torch.float32))
 
     # -- checkpoint support -------------------------------------------------------------------
 

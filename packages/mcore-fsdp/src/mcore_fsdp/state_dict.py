@@ -25,7 +25,8 @@ class LoadResult(NamedTuple):
     unexpected_keys: list[str]
 
 
-def _groups(module: nn.Module) -> list[FlatParamGroup]:
+def model_groups(module: nn.Module) -> list[FlatParamGroup]:
+    """The flat groups of a sharded model; expert groups are refused (not checkpointable yet)."""
     groups = module._fsdp_state.groups
     experts = [slot.fqns[0] for group in groups if group.config.expert for slot in group.slots]
     if experts:
@@ -44,7 +45,8 @@ def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _to_dtensor(group: FlatParamGroup, slot: ParamSlot, full_param: torch.Tensor) -> DTensor:
+def to_dtensor(group: FlatParamGroup, slot: ParamSlot, full_param: torch.Tensor) -> DTensor:
+    """This rank's ``Shard(0)`` rows (or a replica) of a gathered parameter, as a DTensor."""
     topology = group.config.topology
     sharded = group.config.strategy.shards_main_params and len(slot.shape) > 0
     if sharded:
@@ -69,9 +71,9 @@ def _full_params(group: FlatParamGroup, owned: torch.Tensor):
 
 def sharded_state_dict(module: nn.Module, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Replace the parameter entries of ``base`` (``nn.Module.state_dict``) with DTensors."""
-    for group in _groups(module):
+    for group in model_groups(module):
         for slot, full_param in _full_params(group, group.main):
-            value = _to_dtensor(group, slot, full_param)
+            value = to_dtensor(group, slot, full_param)
             for fqn in slot.fqns:
                 if fqn in base:
                     base[fqn] = value
@@ -82,7 +84,7 @@ def full_state_dict(
     module: nn.Module, base: dict[str, torch.Tensor], cpu: bool = True
 ) -> dict[str, torch.Tensor]:
     """Replace the parameter entries of ``base`` with gathered full FP32 tensors."""
-    for group in _groups(module):
+    for group in model_groups(module):
         for slot, full_param in _full_params(group, group.main):
             value = full_param.clone()
             for fqn in slot.fqns:
@@ -98,7 +100,7 @@ def load_state_dict(
 
     Every key and global shape is checked before any communication.
     """
-    groups = _groups(module)
+    groups = model_groups(module)
     slots = {fqn: slot for group in groups for slot in group.slots for fqn in slot.fqns}
     buffer_keys = set(nn.Module.state_dict(module)) - set(slots)
     expected = set(slots) | buffer_keys
