@@ -166,11 +166,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="measured steps")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     args = parser.parse_args()
+    strategies = tuple(args.strategies)
 
     parameters = sum(p.numel() for p in Model(args.dim).parameters())
     runs = {"fsdp2": _run("fsdp2", args)}
-    for strategy in STRATEGIES:
+    for strategy in strategies:
         runs[strategy] = _run(strategy, args)
     peer = runs["fsdp2"]
     report = {
@@ -197,7 +199,7 @@ def main() -> None:
                     max(runs[strategy]["transient_mib_per_rank"]) / max(peer["transient_mib_per_rank"]), 3
                 ),
             }
-            for strategy in STRATEGIES
+            for strategy in strategies
         },
     }
     header = f"{'configuration':<30}{'step s':>9}{'peak MiB/rank':>16}{'transient MiB/rank':>20}{'step x':>8}{'peak x':>8}"
@@ -205,7 +207,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     rows = [("FSDP2 fully_shard", peer, None)] + [
-        (f"mcore-fsdp {strategy}", runs[strategy], report["mcore_fsdp"][strategy]) for strategy in STRATEGIES
+        (f"mcore-fsdp {strategy}", runs[strategy], report["mcore_fsdp"][strategy]) for strategy in strategies
     ]
     for name, run, ratios in rows:
         peak = "/".join(f"{value:.0f}" for value in run["peak_mib_per_rank"])

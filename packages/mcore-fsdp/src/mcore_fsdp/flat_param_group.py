@@ -128,9 +128,12 @@ class FlatParamGroup:
         # The main gradient buffer lives only as long as the main parameters' ``.grad`` views of
         # it: ``optimizer.zero_grad()`` (set to None) frees it, as it frees plain gradients.
         self._main_grad: weakref.ref | None = None
-        self._grad_full: torch.Tensor | None = None
+        self._grad_full: torch.Tensor | None = None  # gradients accumulated under no_sync
+        self._grads: dict[int, torch.Tensor] = {}
         self._pending_grads: set[int] = set()
         self.on_grads_ready: Callable[[FlatParamGroup], None] | None = None
+        # Called before a flat gradient buffer is allocated (to retire older ones first).
+        self.before_grad_buffer: Callable[[], None] | None = None
         self.has_trainable = any(slot.requires_grad for slot in self.slots)
         self.reshard()
 
@@ -220,30 +223,49 @@ class FlatParamGroup:
         grad, param.grad = param.grad, None
         if grad is None:
             return
-        slot = self.slots[index]
-        with torch.no_grad():
-            self._unsharded_grad()[slot.offset : slot.offset + slot.numel].view(slot.shape).add_(grad)
+        # Kept as autograd produced it; packed into one flat buffer only once the unit's
+        # gradients are complete and its parameters are freed, so the two never coexist.
+        self._grads[index] = grad
         self._pending_grads.discard(index)
         if not self._pending_grads and self.on_grads_ready is not None:
             self.on_grads_ready(self)
 
-    def _unsharded_grad(self, accumulate: bool = False) -> torch.Tensor:
-        if self._grad_full is None:
-            dtype = torch.float32 if accumulate else self.config.reduce_dtype
-            self._grad_full = torch.zeros(self.padded_numel, dtype=dtype, device=self.device)
-        return self._grad_full
+    def _pack_grads(self, dtype: torch.dtype) -> torch.Tensor:
+        """Move this backward's gradients into the flat buffer (adding to accumulated ones)."""
+        flat = self._grad_full
+        if flat is None:
+            if self.before_grad_buffer is not None:
+                self.before_grad_buffer()
+            flat = torch.empty(self.padded_numel, dtype=dtype, device=self.device)
+            covered = 0
+            for index, slot in enumerate(self.slots):
+                if index not in self._grads:
+                    flat[slot.offset : slot.offset + slot.numel].zero_()
+                covered = slot.offset + slot.numel
+            flat[covered:].zero_()
+        with torch.no_grad():
+            for index, grad in self._grads.items():
+                slot = self.slots[index]
+                target = flat[slot.offset : slot.offset + slot.numel].view(slot.shape)
+                if self._grad_full is None:
+                    target.copy_(grad)
+                else:
+                    target.add_(grad)
+        self._grads = {}
+        self._grad_full = None
+        return flat
 
     def keep_grads_for_accumulation(self) -> None:
-        """Hold the local gradients (FP32) for the next backward instead of reducing them."""
+        """Hold the local gradients (in FP32) for the next backward instead of reducing them."""
         self._pending_grads = set()
-        if self._grad_full is not None and self._grad_full.dtype != torch.float32:
-            self._grad_full = self._grad_full.float()
+        self._grad_full = self._pack_grads(torch.float32)
 
     def start_reduce(self) -> Pending:
         """Issue the reduction of the local gradients; ``wait()`` adds them to the main gradient."""
         self._pending_grads = set()
         config, topology = self.config, self.config.topology
-        grad, self._grad_full = self._unsharded_grad(), None
+        # Parameters that took no part in this backward contribute zeros, like on the peers.
+        grad = self._pack_grads(config.reduce_dtype)
         with torch.no_grad():
             grad.div_(config.grad_divisor)
             grad = grad.to(config.reduce_dtype)
@@ -278,21 +300,35 @@ class FlatParamGroup:
         self._accumulate_main_grad(inner)
 
     def _accumulate_main_grad(self, reduced: torch.Tensor) -> None:
+        reduced = reduced.to(self.main_device, torch.float32)
+        trainable = [
+            (slot, param)
+            for slot, param in zip(self.slots, self.main_params, strict=True)
+            if slot.requires_grad
+        ]
         main_grad = self._main_grad() if self._main_grad is not None else None
         with torch.no_grad():
-            if main_grad is None:
+            if (
+                main_grad is None
+                and reduced._base is None
+                and all(param.grad is None for _, param in trainable)
+            ):
+                # Nothing to accumulate into: the reduced shard becomes the main gradient.
+                main_grad, reduced = reduced, None
+            elif main_grad is None:
                 main_grad = torch.zeros_like(self.main)
-                self._main_grad = weakref.ref(main_grad)
-            for slot, param in zip(self.slots, self.main_params, strict=True):
-                if not slot.requires_grad:
-                    continue
+            self._main_grad = weakref.ref(main_grad)
+            for slot, param in trainable:
                 view = main_grad[self.main_range(slot)]
-                if param.grad is None:
+                if reduced is not None and param.grad is None:
                     view.zero_()
-                elif param.grad.data_ptr() != view.data_ptr() or param.grad.shape != view.shape:
+                elif param.grad is not None and (
+                    param.grad.data_ptr() != view.data_ptr() or param.grad.shape != view.shape
+                ):
                     view.copy_(param.grad)
                 param.grad = view
-            main_grad.add_(reduced.to(self.main_device, torch.float32))
+            if reduced is not None:
+                main_grad.add_(reduced)
 
     # -- checkpoint support -------------------------------------------------------------------
 

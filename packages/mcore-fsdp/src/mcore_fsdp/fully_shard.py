@@ -54,10 +54,13 @@ class FSDPModule:
         """Scale main gradients so their global norm is at most ``max_norm``; return the norm."""
         return grad_norm.clip_grad_norm_(self._fsdp_state.groups, max_norm, norm_type)
 
-    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+    def state_dict(
+        self, *, destination=None, prefix: str = "", keep_vars: bool = False
+    ) -> dict[str, torch.Tensor]:
         """Parameters as DTensors sharded along dim 0 (for ``torch.distributed.checkpoint``),
         buffers as plain tensors; same keys and global shapes as the unsharded model."""
-        return checkpointing.sharded_state_dict(self, nn.Module.state_dict(self, *args, **kwargs))
+        base = nn.Module.state_dict(self, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        return checkpointing.sharded_state_dict(self, base, prefix)
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
         """Gathered, unsharded FP32 parameters and buffers, for export (a collective: all ranks call it)."""
@@ -195,12 +198,14 @@ def fully_shard(
                 f"{len(meta)} parameters are on the meta device (first: {meta[0]!r}); pass init_fn "
                 "to materialize them, e.g. init_fn=lambda m: (m.to_empty(device=...), m.reset_parameters())"
             )
-    check_mesh(mesh, "mesh")
-    if expert_mesh is not None:
-        check_mesh(expert_mesh, "expert_mesh")
+    mesh_dims = check_mesh(mesh, "mesh")
+    if outer is ShardingStrategy.OPTIM and mesh_dims != 2:
+        raise FSDPConfigError(
+            f"outer_strategy='optim' needs a 2-D (replicate, shard) mesh; got {mesh_dims}-D"
+        )
+    if expert_mesh is not None and check_mesh(expert_mesh, "expert_mesh") != 1:
+        raise FSDPConfigError("expert_mesh must be 1-D: the expert-data-parallel group")
     topology = resolve_topology(mesh)
-    if outer is ShardingStrategy.OPTIM and topology.replicate_group is None:
-        raise FSDPConfigError("outer_strategy='optim' needs a 2-D (replicate, shard) mesh")
     expert_topology = resolve_topology(expert_mesh) if expert_mesh is not None else None
 
     if init_fn is not None:

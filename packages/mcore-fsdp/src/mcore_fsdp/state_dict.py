@@ -69,14 +69,16 @@ def _full_params(group: FlatParamGroup, owned: torch.Tensor):
         yield slot, full[slot.offset : slot.offset + slot.numel].view(slot.shape)
 
 
-def sharded_state_dict(module: nn.Module, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def sharded_state_dict(
+    module: nn.Module, base: dict[str, torch.Tensor], prefix: str = ""
+) -> dict[str, torch.Tensor]:
     """Replace the parameter entries of ``base`` (``nn.Module.state_dict``) with DTensors."""
     for group in model_groups(module):
         for slot, full_param in _full_params(group, group.main):
             value = to_dtensor(group, slot, full_param)
             for fqn in slot.fqns:
-                if fqn in base:
-                    base[fqn] = value
+                if prefix + fqn in base:
+                    base[prefix + fqn] = value
     return base
 
 

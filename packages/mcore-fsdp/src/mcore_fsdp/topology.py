@@ -68,15 +68,16 @@ def device_type_of(group: ProcessGroup) -> str:
     return "cpu" if accelerator is None else accelerator.type
 
 
-def check_mesh(mesh: MeshLike, argument: str) -> None:
-    """Validate ``mesh`` without communicating; raise ``FSDPConfigError`` naming ``argument``."""
+def check_mesh(mesh: MeshLike, argument: str) -> int:
+    """Validate ``mesh`` without communicating and return its number of dimensions; raise
+    ``FSDPConfigError`` naming ``argument``."""
     if not dist.is_available() or not dist.is_initialized():
         raise FSDPConfigError(
             f"{argument}: torch.distributed is not initialized; call init_process_group first"
         )
     world = dist.get_world_size()
     if mesh is None or isinstance(mesh, ProcessGroup):
-        return
+        return 1
     if isinstance(mesh, tuple):
         if len(mesh) not in (1, 2) or not all(isinstance(size, int) and size > 0 for size in mesh):
             raise FSDPConfigError(
@@ -90,7 +91,7 @@ def check_mesh(mesh: MeshLike, argument: str) -> None:
                 f"{argument} shape {mesh} has {product} ranks but the world size is {world}; "
                 "the product of the sizes must equal the world size"
             )
-        return
+        return len(mesh)
     if isinstance(mesh, DeviceMesh):
         if mesh.ndim not in (1, 2):
             raise FSDPConfigError(
@@ -98,9 +99,7 @@ def check_mesh(mesh: MeshLike, argument: str) -> None:
             )
         if mesh.get_coordinate() is None:
             raise FSDPConfigError(f"{argument} does not contain this rank ({dist.get_rank()})")
-        if mesh.size() > world:
-            raise FSDPConfigError(f"{argument} has {mesh.size()} ranks but the world size is {world}")
-        return
+        return mesh.ndim
     raise FSDPConfigError(
         f"{argument} must be a DeviceMesh, a ProcessGroup, a shape tuple or None; got {type(mesh).__name__}"
     )

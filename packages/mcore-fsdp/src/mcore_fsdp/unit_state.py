@@ -13,8 +13,11 @@ from torch.autograd.graph import register_multi_grad_hook
 from mcore_fsdp.collectives import Pending
 from mcore_fsdp.flat_param_group import FlatParamGroup
 
-# Reductions allowed in flight at once; the oldest is finished before another is issued.
-_MAX_REDUCTIONS_IN_FLIGHT = 2
+# Reductions left in flight once a new one is issued (the new one included). Reductions also
+# finish before a unit allocates its unsharded gradient buffer, so one unit's reduction overlaps
+# the next unit's backward up to that unit's first parameter gradient, and its buffer is freed
+# before the next one is allocated.
+_MAX_REDUCTIONS_IN_FLIGHT = 1
 
 
 class ShardingUnit:
@@ -76,6 +79,7 @@ class ShardingState:
         self._reductions: list[Pending] = []
         for group in self.groups:
             group.on_grads_ready = self._grads_ready
+            group.before_grad_buffer = self.finish_reductions
         for unit in units:
             unit.module.register_forward_pre_hook(
                 lambda module, args, kwargs, unit=unit: self._pre_forward(unit, args, kwargs),
@@ -145,14 +149,15 @@ class ShardingState:
             previous.unshard(async_op=True)
 
     def _grads_ready(self, group: FlatParamGroup) -> None:
+        # Free the gathered parameters first: the flat gradient buffer is allocated next.
+        group.reshard()
+        group.expose(unsharded=False)
         if self.sync_grads:
             self._reductions.append(group.start_reduce())
             while len(self._reductions) > _MAX_REDUCTIONS_IN_FLIGHT:
                 self._reductions.pop(0).wait()
         else:
             group.keep_grads_for_accumulation()
-        group.reshard()
-        group.expose(unsharded=False)
 
     def _end_backward(self) -> None:
         # Parameters that took no part in this backward still join the reduction (as zeros),
