@@ -12,6 +12,7 @@ rank was stuck in.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import signal
 import sys
@@ -60,6 +61,7 @@ def run_distributed(
         raise ValueError(f"timeout must be positive, got {timeout}")
     import torch
 
+    _import_lazy_torch_modules_once()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raise RuntimeError(
             "run_distributed forks its ranks, and CUDA is already initialized in the test process; "
@@ -78,6 +80,15 @@ def run_distributed(
     if failures:
         raise DistributedTestError(_failure_report(body, world_size, failures))
     return [rank.result for rank in ranks]
+
+
+@functools.cache
+def _import_lazy_torch_modules_once() -> None:
+    """Import, in the test process, what torch imports lazily on first use (sympy and friends,
+    seconds each time), so forked ranks inherit it instead of importing it again per rank."""
+    import torch
+
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 
 class _Rendezvous:
