@@ -12,8 +12,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
-
 from mcore_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -22,6 +20,7 @@ from mcore_parallel import (
     reduce_sequence_parallel_grads,
     vocab_parallel_cross_entropy,
 )
+from torch import nn
 
 SEQ, BATCH, HIDDEN, HEADS, FFN, VOCAB, LAYERS = 8, 2, 16, 4, 32, 32, 2
 LABEL_SMOOTHING = 0.1

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from .fields import field_kind
+from .fields import field_kind, validate_fields
 
 ConfigT = TypeVar("ConfigT")
 
@@ -73,9 +73,15 @@ def _add_option(group: argparse._ArgumentGroup, field: dataclasses.Field, annota
 
 
 def dataclass_from_args(config_class: type[ConfigT], namespace: argparse.Namespace) -> ConfigT:
-    """Build ``config_class`` from parsed arguments (its ``__post_init__`` validation runs)."""
+    """Build ``config_class`` from parsed arguments; its ``__post_init__`` runs, then ``validate_fields``.
+
+    Raises:
+        ConfigError: a value is outside its field's ``minimum`` or choices, or the class rejects it.
+    """
     values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(config_class) if f.init}
-    return config_class(**values)
+    config = config_class(**values)
+    validate_fields(config)
+    return config
 
 
 def parse_dataclasses(

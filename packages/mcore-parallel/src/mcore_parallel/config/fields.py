@@ -70,7 +70,9 @@ def field_kind(name: str, annotation: Any) -> FieldKind:
             raise TypeError(f"field {name!r}: Literal choices must share one type, got {choices!r}")
         annotation = kinds.pop()
     if annotation not in (bool, int, float, str):
-        raise TypeError(f"field {name!r}: unsupported annotation; use bool, int, float, str, Literal, list or Optional")
+        raise TypeError(
+            f"field {name!r}: unsupported annotation; use bool, int, float, str, Literal, list or Optional"
+        )
     if annotation is bool and (optional or is_list):
         raise TypeError(f"field {name!r}: bool fields cannot be optional or lists")
     return FieldKind(annotation, optional, is_list, choices)

@@ -7,7 +7,11 @@ from typing import Literal
 
 from .fields import ConfigError, config_field, validate_fields
 
-_TENSORBOARD_SWITCHES = ("log_timers_to_tensorboard", "log_validation_ppl_to_tensorboard", "log_memory_to_tensorboard")
+_TENSORBOARD_SWITCHES = (
+    "log_timers_to_tensorboard",
+    "log_validation_ppl_to_tensorboard",
+    "log_memory_to_tensorboard",
+)
 
 
 @dataclass
@@ -20,7 +24,9 @@ class LoggerConfig:
         1000, minimum=1, help="Events TensorBoard may queue before it flushes to disk."
     )
     log_timers_to_tensorboard: bool = config_field(False, help="Write timer values to TensorBoard.")
-    log_validation_ppl_to_tensorboard: bool = config_field(False, help="Write validation perplexity to TensorBoard.")
+    log_validation_ppl_to_tensorboard: bool = config_field(
+        False, help="Write validation perplexity to TensorBoard."
+    )
     log_memory_to_tensorboard: bool = config_field(False, help="Write memory usage to TensorBoard.")
     timing_log_level: Literal[0, 1, 2] = config_field(
         0, help="Timers to record: 0 only the iteration, 1 coarse phases, 2 everything."
@@ -36,8 +42,13 @@ class LoggerConfig:
         validate_fields(self)
         for switch in _TENSORBOARD_SWITCHES:
             if getattr(self, switch) and self.tensorboard_dir is None:
-                raise ConfigError([switch, "tensorboard_dir"], "logging to TensorBoard needs a TensorBoard directory")
-        if (self.wandb_exp_name is not None or self.wandb_save_dir is not None) and self.wandb_project is None:
+                raise ConfigError(
+                    [switch, "tensorboard_dir"], "logging to TensorBoard needs a TensorBoard directory"
+                )
+        if (
+            self.wandb_exp_name is not None or self.wandb_save_dir is not None
+        ) and self.wandb_project is None:
             raise ConfigError(
-                ["wandb_exp_name", "wandb_save_dir", "wandb_project"], "Weights & Biases settings need a project"
+                ["wandb_exp_name", "wandb_save_dir", "wandb_project"],
+                "Weights & Biases settings need a project",
             )

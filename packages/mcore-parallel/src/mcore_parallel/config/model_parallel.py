@@ -14,13 +14,21 @@ from .fields import ConfigError, config_field, validate_fields
 class ModelParallelConfig:
     """Model parallelism: tensor, pipeline, context and expert parallel sizes and precision."""
 
-    tensor_model_parallel_size: int = config_field(1, minimum=1, help="Ranks that split each layer's weights.")
-    pipeline_model_parallel_size: int = config_field(1, minimum=1, help="Pipeline stages the layers are split into.")
+    tensor_model_parallel_size: int = config_field(
+        1, minimum=1, help="Ranks that split each layer's weights."
+    )
+    pipeline_model_parallel_size: int = config_field(
+        1, minimum=1, help="Pipeline stages the layers are split into."
+    )
     virtual_pipeline_model_parallel_size: int | None = config_field(
         None, minimum=1, help="Model chunks per pipeline stage for the interleaved schedule."
     )
-    context_parallel_size: int = config_field(1, minimum=1, help="Ranks that split each sequence in attention.")
-    expert_model_parallel_size: int = config_field(1, minimum=1, help="Ranks that split the experts of MoE layers.")
+    context_parallel_size: int = config_field(
+        1, minimum=1, help="Ranks that split each sequence in attention."
+    )
+    expert_model_parallel_size: int = config_field(
+        1, minimum=1, help="Ranks that split the experts of MoE layers."
+    )
     expert_tensor_parallel_size: int | None = config_field(
         None, minimum=1, help="Tensor-parallel size inside expert layers (default: the tensor-parallel size)."
     )
@@ -41,7 +49,8 @@ class ModelParallelConfig:
             )
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ConfigError(
-                ["sequence_parallel", "tensor_model_parallel_size"], "sequence parallelism needs a tensor-parallel size > 1"
+                ["sequence_parallel", "tensor_model_parallel_size"],
+                "sequence parallelism needs a tensor-parallel size > 1",
             )
         if self.virtual_pipeline_model_parallel_size is not None and self.pipeline_model_parallel_size < 2:
             raise ConfigError(

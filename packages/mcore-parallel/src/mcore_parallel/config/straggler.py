@@ -11,7 +11,9 @@ from .fields import ConfigError, config_field, validate_fields
 class StragglerDetectionConfig:
     """Straggler detection: compare per-rank step times and report the slow ranks."""
 
-    enabled: bool = config_field(False, flag="--straggler-detection", help="Measure and compare per-rank step times.")
+    enabled: bool = config_field(
+        False, flag="--straggler-detection", help="Measure and compare per-rank step times."
+    )
     report_time_interval: float = config_field(
         300.0, flag="--straggler-report-time-interval", help="Seconds between straggler reports."
     )
@@ -29,6 +31,10 @@ class StragglerDetectionConfig:
     def __post_init__(self) -> None:
         validate_fields(self)
         if not self.report_time_interval > 0:
-            raise ConfigError(["report_time_interval"], f"must be > 0 seconds, got {self.report_time_interval}")
+            raise ConfigError(
+                ["report_time_interval"], f"must be > 0 seconds, got {self.report_time_interval}"
+            )
         if not self.threshold_relative_stddev > 0:
-            raise ConfigError(["threshold_relative_stddev"], f"must be > 0, got {self.threshold_relative_stddev}")
+            raise ConfigError(
+                ["threshold_relative_stddev"], f"must be > 0, got {self.threshold_relative_stddev}"
+            )

@@ -55,7 +55,9 @@ class ProcessGroupCollection:
     embd: dist.ProcessGroup | None = None
 
     @classmethod
-    def from_grids(cls, dense: HyperCommGrid, expert: HyperCommGrid, **options: Any) -> ProcessGroupCollection:
+    def from_grids(
+        cls, dense: HyperCommGrid, expert: HyperCommGrid, **options: Any
+    ) -> ProcessGroupCollection:
         """Create every group of the dense grid and its expert view (collective over the default group).
 
         ``options`` go to ``torch.distributed.new_group``.

@@ -73,7 +73,9 @@ class HyperCommGrid:
     def rank_at(self, **coordinates: int) -> int:
         """The global rank at the given coordinates; every dimension must be named."""
         if set(coordinates) != set(self.dim_names):
-            raise ValueError(f"rank_at needs a coordinate for each of {self.dim_names}, got {sorted(coordinates)}")
+            raise ValueError(
+                f"rank_at needs a coordinate for each of {self.dim_names}, got {sorted(coordinates)}"
+            )
         for name, _, extent in self._dims():
             if not 0 <= coordinates[name] < extent:
                 raise ValueError(f"coordinate {name}={coordinates[name]} is outside 0..{extent - 1}")
@@ -90,7 +92,9 @@ class HyperCommGrid:
         outside = [d for d in self._dims() if d[0] not in key]
         groups = []
         for outer in _grid_points([extent for _, _, extent in outside]):
-            base = self.rank_offset + sum(c * stride for c, (_, stride, _) in zip(outer, outside, strict=True))
+            base = self.rank_offset + sum(
+                c * stride for c, (_, stride, _) in zip(outer, outside, strict=True)
+            )
             groups.append(
                 [
                     base + sum(c * stride for c, (_, stride, _) in zip(inner, inside, strict=True))

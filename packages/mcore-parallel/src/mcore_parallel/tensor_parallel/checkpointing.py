@@ -51,7 +51,9 @@ class _Checkpoint(torch.autograd.Function):
         finally:
             now.restore()
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if torch.is_tensor(o) and o.requires_grad]
+        pairs = [
+            (o, g) for o, g in zip(outputs, grads, strict=True) if torch.is_tensor(o) and o.requires_grad
+        ]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         input_grads = tuple(a.grad if torch.is_tensor(a) else None for a in args)
         return (None, None, *input_grads)

@@ -56,7 +56,9 @@ def reduce_scatter_along_first_dim(tensor: torch.Tensor, group: dist.ProcessGrou
     if world_size == 1:
         return tensor
     if tensor.shape[0] % world_size:
-        raise ValueError(f"dimension 0 of size {tensor.shape[0]} does not split evenly over {world_size} ranks")
+        raise ValueError(
+            f"dimension 0 of size {tensor.shape[0]} does not split evenly over {world_size} ranks"
+        )
     out = tensor.new_empty((tensor.shape[0] // world_size, *tensor.shape[1:]))
     dist.reduce_scatter_tensor(out, tensor.contiguous(), group=group)
     return out

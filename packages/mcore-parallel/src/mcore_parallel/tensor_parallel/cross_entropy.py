@@ -70,4 +70,6 @@ def vocab_parallel_cross_entropy(
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, resolve_tp_group(tp_group), label_smoothing)
+    return _VocabParallelCrossEntropy.apply(
+        vocab_parallel_logits, target, resolve_tp_group(tp_group), label_smoothing
+    )

@@ -114,7 +114,9 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
-def copy_to_tensor_model_parallel_region(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def copy_to_tensor_model_parallel_region(
+    x: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Identity forward; all-reduces the gradient over ``group`` (default: the global TP group)."""
     return _CopyToRegion.apply(x, resolve_tp_group(group))
 
@@ -140,7 +142,9 @@ def gather_from_tensor_model_parallel_region(
     return _GatherFromRegion.apply(x, resolve_tp_group(group))
 
 
-def scatter_to_sequence_parallel_region(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def scatter_to_sequence_parallel_region(
+    x: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Keeps this rank's slice of the sequence (first) dimension; the gradient is all-gathered."""
     return _ScatterToSequenceRegion.apply(x, resolve_tp_group(group))
 

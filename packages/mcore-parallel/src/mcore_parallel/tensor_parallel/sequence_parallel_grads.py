@@ -8,7 +8,9 @@ import torch.distributed as dist
 from .collectives import resolve_tp_group
 
 
-def reduce_sequence_parallel_grads(module: torch.nn.Module, tp_group: dist.ProcessGroup | None = None) -> None:
+def reduce_sequence_parallel_grads(
+    module: torch.nn.Module, tp_group: dist.ProcessGroup | None = None
+) -> None:
     """All-reduce, over ``tp_group``, the gradients of parameters tagged ``sequence_parallel = True``.
 
     Under sequence parallelism such parameters (layer norms, row-parallel biases) are replicated on
@@ -17,9 +19,7 @@ def reduce_sequence_parallel_grads(module: torch.nn.Module, tp_group: dist.Proce
     """
     group = resolve_tp_group(tp_group)
     grads = [
-        p.grad
-        for p in module.parameters()
-        if getattr(p, "sequence_parallel", False) and p.grad is not None
+        p.grad for p in module.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None
     ]
     if not grads or dist.get_world_size(group) == 1:
         return

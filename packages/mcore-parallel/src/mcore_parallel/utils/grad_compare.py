@@ -24,7 +24,9 @@ def relative_difference(actual: torch.Tensor, reference: torch.Tensor) -> float:
     return difference / scale if scale > 0 else difference
 
 
-def sharded_frobenius_norm(local_shards: Iterable[torch.Tensor], group: dist.ProcessGroup | None = None) -> float:
+def sharded_frobenius_norm(
+    local_shards: Iterable[torch.Tensor], group: dist.ProcessGroup | None = None
+) -> float:
     """The Frobenius norm of tensors of which each rank of ``group`` holds disjoint shards (collective).
 
     Pass each rank's shards only; replicated tensors would be counted once per rank.

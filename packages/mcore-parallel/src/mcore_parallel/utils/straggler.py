@@ -71,7 +71,9 @@ class StragglerDetector:
     @classmethod
     def from_config(cls, config: StragglerDetectionConfig, group: dist.ProcessGroup | None = None):
         """A detector with the thresholds of ``config`` (whether to use it is ``config.enabled``)."""
-        return cls(group, config.threshold_relative_stddev, config.report_time_interval, config.calc_relative_stddev)
+        return cls(
+            group, config.threshold_relative_stddev, config.report_time_interval, config.calc_relative_stddev
+        )
 
     def record(self, seconds: float) -> None:
         """Add one step's duration."""
