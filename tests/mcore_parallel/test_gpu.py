@@ -1,6 +1,7 @@
 """The CUDA paths: NCCL collectives on device tensors, the CUDA generator in the RNG tracker.
 
-Marked ``gpu``: skipped on machines without CUDA. CUDA is touched only inside the test bodies.
+Marked ``gpu``: skipped on machines without CUDA. CUDA is touched only inside forked ranks, never
+in the test process (the distributed harness refuses to fork once CUDA is initialised there).
 """
 
 import pytest
@@ -27,7 +28,7 @@ def test_backend_is_nccl_with_cuda():
     assert get_backend() == "nccl"
 
 
-def test_tracker_uses_the_cuda_generator():
+def _tracker_uses_the_cuda_generator():
     tracker = RNGStatesTracker("cuda:0")
     tracker.add("stream", 5)
     torch.cuda.manual_seed(1)
@@ -39,7 +40,7 @@ def test_tracker_uses_the_cuda_generator():
     assert not torch.equal(forked, expected)
 
 
-def test_checkpoint_replays_cuda_dropout():
+def _checkpoint_replays_cuda_dropout():
     weight = torch.randn(8, 8, device="cuda")
 
     def block(x, w):
@@ -56,6 +57,11 @@ def test_checkpoint_replays_cuda_dropout():
 
     for a, b in zip(run(False), run(True), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("body", [_tracker_uses_the_cuda_generator, _checkpoint_replays_cuda_dropout])
+def test_cuda_random_state(run_distributed, body):
+    run_distributed(body, 1, timeout=120)
 
 
 def _tensor_parallel_on_nccl():

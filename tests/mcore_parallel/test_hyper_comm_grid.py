@@ -8,7 +8,7 @@ from mcore_parallel import HyperCommGrid
 
 def test_rank_groups_first_dimension_varies_fastest():
     grid = HyperCommGrid([2, 3, 2], ["tp", "dp", "pp"])
-    assert grid.size == 12
+    assert grid.size == 12 and grid.extent("dp") == 3
     assert grid.rank_groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
     assert grid.rank_groups("dp") == [[0, 2, 4], [1, 3, 5], [6, 8, 10], [7, 9, 11]]
     assert grid.rank_groups("pp") == [[0, 6], [1, 7], [2, 8], [3, 9], [4, 10], [5, 11]]

@@ -165,10 +165,14 @@ def test_nvtx_range_pushes_and_pops_with_cuda_even_on_error(monkeypatch):
     assert calls == [("push", "decorated"), ("pop",)]
 
 
-@pytest.mark.gpu
-def test_nvtx_range_on_a_gpu():
+def _nvtx_on_cuda():
     with nvtx_range("gpu-range"):
-        torch.ones(1, device="cuda").add_(1)
+        return torch.ones(1, device="cuda").add_(1).item()
+
+
+@pytest.mark.gpu
+def test_nvtx_range_on_a_gpu(run_distributed):
+    assert run_distributed(_nvtx_on_cuda, 1, timeout=120) == [2.0]
 
 
 def test_relative_difference_and_error_bound():

@@ -9,7 +9,7 @@ from importlib.metadata import version as _version
 
 from mcore_parallel.config.checkpoint import CheckpointConfig
 from mcore_parallel.config.cli import add_dataclass_arguments, dataclass_from_args, flag_of, parse_dataclasses
-from mcore_parallel.config.fields import ConfigError, FieldKind, config_field, field_kind, validate_fields
+from mcore_parallel.config.fields import ConfigError, config_field, validate_fields
 from mcore_parallel.config.logger import LoggerConfig
 from mcore_parallel.config.model_parallel import ModelParallelConfig
 from mcore_parallel.config.straggler import StragglerDetectionConfig
@@ -60,7 +60,6 @@ __all__ = [
     "CheckpointConfig",
     "ColumnParallelLinear",
     "ConfigError",
-    "FieldKind",
     "GradientCheck",
     "HyperCommGrid",
     "LoggerConfig",
@@ -87,7 +86,6 @@ __all__ = [
     "destroy_model_parallel",
     "ephemeral_port_range",
     "expected_error_bound",
-    "field_kind",
     "find_free_port",
     "flag_of",
     "gather_from_sequence_parallel_region",

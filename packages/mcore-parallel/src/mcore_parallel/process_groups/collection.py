@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -66,10 +66,6 @@ class ProcessGroupCollection:
         groups |= {name: expert.create_group(dims, **options) for name, dims in _EXPERT_GROUPS.items()}
         groups["embd"] = _embedding_group(dense, groups["pp"], **options)
         return cls(**groups)
-
-    def names(self) -> list[str]:
-        """Names of the groups this collection holds."""
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
 
 
 def _embedding_group(dense: HyperCommGrid, pp_group: dist.ProcessGroup | None, **options: Any):
