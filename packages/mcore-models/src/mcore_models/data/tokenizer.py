@@ -8,14 +8,13 @@ cache afterwards, keyed by Python version, vocabulary size and a fingerprint of 
 
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from mcore_models.data.cache import default_cache_dir
+from mcore_models.data.cache import atomic_output, default_cache_dir
 from mcore_models.data.corpus import corpus_fingerprint, stdlib_documents
 
 EOD_TOKEN = "<|endoftext|>"
@@ -63,7 +62,8 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the tokenizer as a ``tokenizer.json`` (atomically)."""
-        _write_atomically(Path(path), self.backend.to_str())
+        with atomic_output(path, "w") as handle:
+            handle.write(self.backend.to_str())
 
     @property
     def vocab_size(self) -> int:
@@ -144,12 +144,3 @@ def default_tokenizer(
     tokenizer = train_bpe_tokenizer((document.text for document in stdlib_documents(**corpus)), vocab_size)
     tokenizer.save(path)
     return tokenizer
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, so readers never
-    see a partial file and concurrent writers do not clash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
-        handle.write(text)
-    os.replace(handle.name, path)
