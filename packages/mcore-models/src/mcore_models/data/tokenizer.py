@@ -71,9 +71,13 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids of all tokens the backend marks special."""
-        return frozenset(i for i, token in self.backend.get_added_tokens_decoder().items() if token.special)
+    def special_tokens(self) -> dict[str, int]:
+        """Text and id of every token the backend marks special."""
+        return {
+            token.content: token_id
+            for token_id, token in self.backend.get_added_tokens_decoder().items()
+            if token.special
+        }
 
     def token_to_id(self, token: str) -> int | None:
         """The id of ``token``, or ``None`` if it is not in the vocabulary."""
