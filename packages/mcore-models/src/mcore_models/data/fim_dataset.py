@@ -80,6 +80,7 @@ class GPTFIMDataset(GPTDataset):
             raise ValueError("config.pad_id is required: GPTFIMDataset pads samples that shrink")
         self.fim_config = fim_config
         self.tokenizer = tokenizer
+        self._special_text = re.compile("|".join(map(re.escape, tokenizer.special_tokens)) or r"(?!)")
         super().__init__(indexed_dataset, config)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -134,9 +135,8 @@ class GPTFIMDataset(GPTDataset):
     def _cut_positions(self, text: str) -> np.ndarray:
         """Character positions ``0 .. len(text)`` that are not inside a special token's text."""
         inside = np.zeros(len(text) + 1, dtype=bool)
-        for special in self.tokenizer.special_tokens:
-            for match in re.finditer(re.escape(special), text):
-                inside[match.start() + 1 : match.end()] = True
+        for match in self._special_text.finditer(text):
+            inside[match.start() + 1 : match.end()] = True
         return np.flatnonzero(~inside)
 
     def _other_special_ids(self) -> dict[str, int | None]:
