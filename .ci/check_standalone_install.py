@@ -17,27 +17,33 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 
-def direct_requirements(name: str) -> list[str]:
-    """Canonical names of ``name``'s requirements that apply here without extras."""
-    names = []
+def requirements_of(name: str, extras: frozenset[str] = frozenset()) -> list[Requirement]:
+    """``name``'s requirements that apply here, with ``extras`` requested."""
+    applicable = []
     for text in distribution(name).requires or []:
         requirement = Requirement(text)
-        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-            names.append(canonicalize_name(requirement.name))
-    return names
+        if requirement.marker is None or any(
+            requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras)
+        ):
+            applicable.append(requirement)
+    return applicable
 
 
 def dependency_closure(name: str) -> set[str]:
-    closure, pending = set(), [canonicalize_name(name)]
+    """Canonical names of ``name`` and everything its requirements pull in, extras followed."""
+    closure, seen, pending = set(), set(), [(name, frozenset())]
     while pending:
-        current = pending.pop()
-        if current in closure:
+        current, extras = pending.pop()
+        key = (canonicalize_name(current), extras)
+        if key in seen:
             continue
-        closure.add(current)
+        seen.add(key)
+        closure.add(key[0])
         try:
-            pending.extend(direct_requirements(current))
+            requirements = requirements_of(current, extras)
         except PackageNotFoundError:
-            raise SystemExit(f"{name}: declared dependency {current} is not installed") from None
+            raise SystemExit(f"{name}: required {current} is not installed") from None
+        pending.extend((req.name, frozenset(req.extras)) for req in requirements)
     return closure
 
 
@@ -57,7 +63,7 @@ def main() -> None:
     module = importlib.import_module(package.replace("-", "_"))
     if Path(sys.prefix).resolve() not in Path(module.__file__).resolve().parents:
         raise SystemExit(f"{package} imports from {module.__file__}, outside the environment {sys.prefix}")
-    direct = sorted(direct_requirements(package))
+    direct = sorted(canonicalize_name(req.name) for req in requirements_of(package))
     print(
         f"{package} installed alone: declares {direct or 'nothing'}; "
         f"{len(brought)} distributions installed with it, all within its dependency closure"

@@ -154,3 +154,25 @@ def test_tests_using_the_harness_are_marked_distributed(request, run_distributed
 
 def test_tests_not_using_it_are_not(request):
     assert request.node.get_closest_marker("distributed") is None
+
+
+def _fail_to_connect_once(marker_dir):
+    first_attempt = not (marker_dir / f"ran-{dist.get_rank()}").exists()
+    (marker_dir / f"ran-{dist.get_rank()}").touch()
+    if first_attempt and dist.get_rank() == 1:
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:561] Connection closed by peer")
+    return "second attempt"
+
+
+def test_a_gloo_connection_failure_is_retried_once(run_distributed, tmp_path):
+    with pytest.warns(UserWarning, match="gloo could not connect"):
+        assert run_distributed(_fail_to_connect_once, 2, tmp_path) == ["second attempt"] * 2
+
+
+def _never_connect():
+    raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:561] Connection closed by peer")
+
+
+def test_a_lasting_gloo_connection_failure_fails(run_distributed):
+    with pytest.warns(UserWarning), pytest.raises(DistributedTestError, match="connectFullMesh"):
+        run_distributed(_never_connect, 2)

@@ -1,13 +1,7 @@
 """Importing mcore_parallel is side-effect free: no CUDA, no optional accelerator."""
 
-from importlib.metadata import version
-
-from mcore_testing.imports import import_in_fresh_interpreter
+from mcore_testing.imports import assert_imports_cleanly
 
 
 def test_import_touches_no_cuda_and_no_accelerator():
-    report = import_in_fresh_interpreter("mcore_parallel")
-    assert report["cuda_initialized"] in (False, None)
-    assert report["accelerators"] == []
-    assert report["version"] == version("mcore-parallel")
-    assert "__version__" in report["all"]
+    assert_imports_cleanly("mcore_parallel", "mcore-parallel")

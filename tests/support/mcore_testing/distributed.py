@@ -12,12 +12,14 @@ rank was stuck in.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import signal
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, Pipe, wait
@@ -28,6 +30,10 @@ DEFAULT_TIMEOUT_S = 30.0
 # After one rank fails, its peers get this long to finish before they are killed: they are often
 # blocked in a collective that the failed rank will never join.
 _GRACE_AFTER_FAILURE_S = 2.0
+# Gloo sometimes fails to set up a group's connections when the machine is crowded with other
+# processes making and dropping loopback connections (a port just freed by one is reused by
+# another). That is the transport, not the code under test: such a run is repeated once.
+_GLOO_CONNECT_FAILURE = "Gloo connectFullMesh failed"
 
 
 class DistributedTestError(AssertionError):
@@ -60,11 +66,32 @@ def run_distributed(
         raise ValueError(f"timeout must be positive, got {timeout}")
     import torch
 
+    _import_lazy_torch_modules_once()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raise RuntimeError(
             "run_distributed forks its ranks, and CUDA is already initialized in the test process; "
             "touch CUDA only inside the body"
         )
+    ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
+    if any(_GLOO_CONNECT_FAILURE in rank.failure for rank in ranks):
+        warnings.warn(f"gloo could not connect the ranks of {body!r}; running it once more", stacklevel=2)
+        ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
+    # The first rank to fail usually caused the others to fail: report it first.
+    failures = sorted((rank for rank in ranks if not rank.succeeded), key=lambda rank: rank.reported_at)
+    if failures:
+        raise DistributedTestError(_failure_report(body, world_size, failures))
+    return [rank.result for rank in ranks]
+
+
+def _run_once(
+    body: Callable[..., Any],
+    world_size: int,
+    args: tuple,
+    kwargs: dict,
+    timeout: float,
+    backend: str,
+    init_process_group: bool,
+) -> list[_Rank]:
     with tempfile.TemporaryDirectory(prefix="mcore-dist-") as workdir:
         rendezvous = _Rendezvous(Path(workdir), world_size, backend, timeout, init_process_group)
         ranks = [_start_rank(rank, rendezvous, body, args, kwargs) for rank in range(world_size)]
@@ -73,11 +100,16 @@ def run_distributed(
         finally:
             for rank in ranks:
                 rank.kill()
-    # The first rank to fail usually caused the others to fail: report it first.
-    failures = sorted((rank for rank in ranks if not rank.succeeded), key=lambda rank: rank.reported_at)
-    if failures:
-        raise DistributedTestError(_failure_report(body, world_size, failures))
-    return [rank.result for rank in ranks]
+    return ranks
+
+
+@functools.cache
+def _import_lazy_torch_modules_once() -> None:
+    """Import, in the test process, what torch imports lazily on first use (sympy and friends,
+    seconds each time), so forked ranks inherit it instead of importing it again per rank."""
+    import torch
+
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 
 class _Rendezvous:

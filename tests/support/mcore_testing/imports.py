@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
 
 # Optional accelerators that no mcore package may import at import time.
 OPTIONAL_ACCELERATORS = ("transformer_engine", "flash_attn", "triton")
@@ -40,3 +41,13 @@ def import_in_fresh_interpreter(module: str) -> dict:
     if completed.returncode != 0:
         raise AssertionError(f"importing {module} failed:\n{completed.stderr}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def assert_imports_cleanly(module: str, distribution: str) -> None:
+    """Importing ``module`` initializes no CUDA, loads no optional accelerator, and exposes
+    ``__all__`` and a ``__version__`` equal to the installed ``distribution``'s version."""
+    report = import_in_fresh_interpreter(module)
+    assert report["cuda_initialized"] in (False, None), f"importing {module} initialized CUDA"
+    assert report["accelerators"] == [], f"importing {module} loaded {report['accelerators']}"
+    assert report["version"] == version(distribution)
+    assert "__version__" in report["all"]

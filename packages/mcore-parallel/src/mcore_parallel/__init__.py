@@ -1,9 +1,114 @@
-"""Parallelism for PyTorch training: process groups, tensor and pipeline parallelism,
-DDP and the distributed optimizer, distributed checkpointing, config dataclasses and the CLI
-generated from them. Runs on CPU with gloo and on CUDA with NCCL."""
+"""Parallelism for PyTorch training: process groups, tensor and sequence parallelism, config
+dataclasses and the CLI generated from them, and distributed-training utilities. Runs on CPU with
+gloo and on CUDA with NCCL.
+
+The global getters of ``initialize_model_parallel`` live in ``mcore_parallel.parallel_state``.
+"""
 
 from importlib.metadata import version as _version
 
+from mcore_parallel.config.checkpoint import CheckpointConfig
+from mcore_parallel.config.cli import add_dataclass_arguments, dataclass_from_args, flag_of, parse_dataclasses
+from mcore_parallel.config.fields import ConfigError, config_field, validate_fields
+from mcore_parallel.config.logger import LoggerConfig
+from mcore_parallel.config.model_parallel import ModelParallelConfig
+from mcore_parallel.config.straggler import StragglerDetectionConfig
+from mcore_parallel.device import get_backend, get_device, get_group_device, synchronize_device
+from mcore_parallel.parallel_state import destroy_model_parallel, initialize_model_parallel
+from mcore_parallel.process_groups.collection import ProcessGroupCollection
+from mcore_parallel.process_groups.hyper_comm_grid import HyperCommGrid
+from mcore_parallel.process_groups.layout import DEFAULT_ORDER, make_parallel_grids
+from mcore_parallel.tensor_parallel.checkpointing import checkpoint
+from mcore_parallel.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from mcore_parallel.tensor_parallel.embedding import VocabParallelEmbedding, vocab_range
+from mcore_parallel.tensor_parallel.initialization import default_init_method, sharded_parameter
+from mcore_parallel.tensor_parallel.linear import ColumnParallelLinear, RowParallelLinear
+from mcore_parallel.tensor_parallel.mappings import (
+    all_to_all,
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
+from mcore_parallel.tensor_parallel.random import (
+    MODEL_PARALLEL_RNG,
+    RNGStatesTracker,
+    get_rng_tracker,
+    model_parallel_manual_seed,
+)
+from mcore_parallel.tensor_parallel.sequence_parallel_grads import reduce_sequence_parallel_grads
+from mcore_parallel.utils.grad_compare import (
+    GradientCheck,
+    check_gradient,
+    expected_error_bound,
+    relative_difference,
+    sharded_frobenius_norm,
+)
+from mcore_parallel.utils.nvtx import nvtx_range
+from mcore_parallel.utils.ports import broadcast_free_port, ephemeral_port_range, find_free_port
+from mcore_parallel.utils.straggler import StragglerDetector, StragglerReport
+from mcore_parallel.utils.timers import Timer, Timers
+
 __version__ = _version("mcore-parallel")
 
-__all__ = ["__version__"]
+__all__ = [
+    "DEFAULT_ORDER",
+    "MODEL_PARALLEL_RNG",
+    "CheckpointConfig",
+    "ColumnParallelLinear",
+    "ConfigError",
+    "GradientCheck",
+    "HyperCommGrid",
+    "LoggerConfig",
+    "ModelParallelConfig",
+    "ProcessGroupCollection",
+    "RNGStatesTracker",
+    "RowParallelLinear",
+    "StragglerDetectionConfig",
+    "StragglerDetector",
+    "StragglerReport",
+    "Timer",
+    "Timers",
+    "VocabParallelEmbedding",
+    "__version__",
+    "add_dataclass_arguments",
+    "all_to_all",
+    "broadcast_free_port",
+    "check_gradient",
+    "checkpoint",
+    "config_field",
+    "copy_to_tensor_model_parallel_region",
+    "dataclass_from_args",
+    "default_init_method",
+    "destroy_model_parallel",
+    "ephemeral_port_range",
+    "expected_error_bound",
+    "find_free_port",
+    "flag_of",
+    "gather_from_sequence_parallel_region",
+    "gather_from_tensor_model_parallel_region",
+    "get_backend",
+    "get_device",
+    "get_group_device",
+    "get_rng_tracker",
+    "initialize_model_parallel",
+    "make_parallel_grids",
+    "model_parallel_manual_seed",
+    "nvtx_range",
+    "parse_dataclasses",
+    "reduce_from_tensor_model_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region",
+    "reduce_sequence_parallel_grads",
+    "relative_difference",
+    "scatter_to_sequence_parallel_region",
+    "scatter_to_tensor_model_parallel_region",
+    "sharded_frobenius_norm",
+    "sharded_parameter",
+    "synchronize_device",
+    "validate_fields",
+    "vocab_parallel_cross_entropy",
+    "vocab_range",
+]

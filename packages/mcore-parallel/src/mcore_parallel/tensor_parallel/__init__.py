@@ -1,0 +1,1 @@
+"""Tensor and sequence parallelism: layers, autograd communication, cross entropy, RNG, checkpointing."""

@@ -1,0 +1,1 @@
+"""Utilities: free ports, timers, straggler detection, NVTX ranges, gradient comparison."""

@@ -1,0 +1,67 @@
+"""Acceptance tests on a copy of the real workspace (its packages and root pyproject.toml)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from api_compat.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+FSDP_INIT = Path("packages/mcore-fsdp/src/mcore_fsdp/__init__.py")
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """A copy of the real workspace, without baselines."""
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(
+        REPO_ROOT / "packages", tmp_path / "packages", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return tmp_path
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def test_changed_fsdp_signature_breaks_until_marked_experimental(copy, capsys):
+    init = copy / FSDP_INIT
+    original = init.read_text()
+    shard_model = (
+        "\n\ndef shard_model(module, mesh, reshard_after_forward=True): ...\n\n__all__ += ['shard_model']\n"
+    )
+    _append(init, shard_model)
+    assert main(["snapshot", "--root", str(copy), "--package", "mcore-fsdp"]) == 0
+
+    init.write_text(original + shard_model.replace("module, mesh,", "module,"))
+    capsys.readouterr()
+    assert main(["check", "--root", str(copy), "--package", "mcore-fsdp"]) == 1
+    out = capsys.readouterr().out
+    assert "mcore_fsdp.shard_model" in out
+    assert "'mesh'" in out
+
+    marked = shard_model.replace(
+        "def shard_model(module, mesh,", "@experimental_api\ndef shard_model(module,"
+    )
+    init.write_text("from mcore_api import experimental_api\n" + original + marked)
+    assert main(["check", "--root", str(copy), "--package", "mcore-fsdp"]) == 0
+
+
+def test_fsdp_importing_undeclared_and_non_public_names_violates_boundaries(copy, capsys):
+    assert main(["snapshot", "--root", str(copy), "--package", "mcore-api"]) == 0
+    init = copy / FSDP_INIT
+    first = init.read_text().count("\n") + 1
+    _append(init, "from mcore_parallel import __version__\nfrom mcore_api._stability import mark\n")
+    capsys.readouterr()
+    assert main(["boundaries", "--root", str(copy), "--package", "mcore-fsdp"]) == 1
+    prefix = f"mcore-fsdp: {FSDP_INIT.as_posix()}:"
+    injected = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith((f"{prefix}{first}:", f"{prefix}{first + 1}:"))
+    ]
+    assert injected == [
+        f"{prefix}{first}: undeclared-dependency: imports mcore_parallel, but mcore-parallel is in neither "
+        "the dependencies nor the optional-dependencies of mcore-fsdp",
+        f"{prefix}{first + 1}: non-public-module: mcore_api._stability is not a public module of mcore-api",
+    ]
