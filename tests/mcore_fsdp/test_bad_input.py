@@ -28,6 +28,9 @@ def _error_on_rank0(make_call):
         ("unknown_strategy", "strategy must be one of"),
         ("outer_optim_without_param_sharding", "outer_strategy='optim' requires"),
         ("bad_precision", "param_dtype must be"),
+        ("outer_optim_on_1d_mesh", "needs a 2-D (replicate, shard) mesh"),
+        ("expert_mesh_without_predicate", "must be given together"),
+        ("not_a_mesh", "must be a DeviceMesh, a ProcessGroup"),
     ],
 )
 def test_bad_arguments_fail_fast(run_distributed, tiny, case, message):
@@ -40,6 +43,9 @@ def test_bad_arguments_fail_fast(run_distributed, tiny, case, message):
             tiny.Net(), mesh=(1, 2), strategy="optim_grads", outer_strategy="optim"
         ),
         "bad_precision": lambda: fully_shard(tiny.Net(), precision=MixedPrecision(param_dtype=torch.int8)),
+        "outer_optim_on_1d_mesh": lambda: fully_shard(tiny.Net(), mesh=(2,), outer_strategy="optim"),
+        "expert_mesh_without_predicate": lambda: fully_shard(tiny.Net(), expert_mesh=(2,)),
+        "not_a_mesh": lambda: fully_shard(tiny.Net(), mesh="cpu"),
     }
     error = run_distributed(_error_on_rank0, 2, calls[case], timeout=20)[0]
     assert message in error

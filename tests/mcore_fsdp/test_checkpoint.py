@@ -103,3 +103,22 @@ def test_full_state_dict_exports_to_plain_model(run_distributed, tiny):
         return True
 
     assert run_distributed(body, 2) == [True, True]
+
+
+def test_state_dict_of_a_sharded_child_module(run_distributed, tiny):
+    """A sharded model inside a plain parent: the parent's state dict holds its DTensors."""
+
+    def body():
+        torch.manual_seed(0)
+        reference = tiny.Net()
+        parent = torch.nn.ModuleDict(
+            {"net": fully_shard(copy.deepcopy(reference), unit_classes=(tiny.Block,))}
+        )
+        state = parent.state_dict()
+        assert set(state) == {f"net.{key}" for key in reference.state_dict()}
+        for key, value in reference.state_dict().items():
+            assert isinstance(state[f"net.{key}"], DTensor)
+            torch.testing.assert_close(state[f"net.{key}"].full_tensor(), value, rtol=0, atol=0)
+        return True
+
+    assert run_distributed(body, 2) == [True, True]

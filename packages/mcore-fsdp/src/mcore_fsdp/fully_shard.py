@@ -17,6 +17,8 @@ from mcore_fsdp.strategies import OUTER_STRATEGIES, ShardingStrategy
 from mcore_fsdp.topology import MeshLike, check_mesh, resolve_topology
 from mcore_fsdp.unit_state import ShardingState, ShardingUnit
 
+__all__ = ["FSDPModule", "fully_shard"]
+
 ExpertPredicate = Callable[[str, nn.Parameter], bool]
 
 
