@@ -43,6 +43,10 @@ class Pending:
         self._work = work
         self._then = then
 
+    def then(self, follow_up: Callable[[], None]) -> Pending:
+        """A ``Pending`` that waits for this one, then runs ``follow_up``."""
+        return Pending(None, then=lambda: (self.wait(), follow_up()))
+
     def wait(self) -> None:
         """Block until the collective has finished and its follow-up has run."""
         if self._work is not None:

@@ -272,19 +272,15 @@ class FlatParamGroup:
         if not config.strategy.shards_grads:
             first = collectives.all_reduce(grad, topology.shard_group, async_op=True)
             owned = grad[self.owned_start : self.owned_stop]
-            return Pending(None, then=lambda: (first.wait(), self._finish_reduce(owned)))
+            return first.then(lambda: self._finish_reduce(owned))
         if config.fp32_accumulate_reduce_scatter and grad.dtype != torch.float32 and self.layout_shards > 1:
             received = torch.empty_like(grad)
             first = collectives.all_to_all(received, grad, topology.shard_group, async_op=True)
-
-            def sum_pieces() -> None:
-                first.wait()
-                self._finish_reduce(received.view(self.layout_shards, -1).sum(0, dtype=torch.float32))
-
-            return Pending(None, then=sum_pieces)
+            pieces = received.view(self.layout_shards, -1)
+            return first.then(lambda: self._finish_reduce(pieces.sum(0, dtype=torch.float32)))
         shard = torch.empty(self.shard_numel, dtype=grad.dtype, device=self.device)
         first = collectives.reduce_scatter(shard, grad, topology.shard_group, async_op=True)
-        return Pending(None, then=lambda: (first.wait(), self._finish_reduce(shard)))
+        return first.then(lambda: self._finish_reduce(shard))
 
     def _finish_reduce(self, inner: torch.Tensor) -> None:
         """Reduce an inner-shard-sized gradient across the replicate group; add it to main grads."""

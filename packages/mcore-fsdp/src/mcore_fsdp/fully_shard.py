@@ -30,6 +30,8 @@ class FSDPModule:
     def unshard(self) -> None:
         """Gather every unit's full parameters and register them on the modules."""
         for unit in self._fsdp_state.units:
+            unit.unshard(async_op=True)
+        for unit in self._fsdp_state.units:
             unit.unshard()
             unit.expose(unsharded=True)
 
@@ -68,7 +70,7 @@ class FSDPModule:
         """Gathered, unsharded FP32 parameters and buffers, for export (a collective: all ranks call it)."""
         return checkpointing.full_state_dict(self, nn.Module.state_dict(self), cpu=cpu)
 
-    def load_state_dict(self, state_dict, strict: bool = True):
+    def load_state_dict(self, state_dict, strict: bool = True) -> checkpointing.LoadResult:
         """Load DTensor (any sharding) or full tensors into the main parameters and buffers.
 
         Keys and global shapes are checked before any communication; a mismatch raises
