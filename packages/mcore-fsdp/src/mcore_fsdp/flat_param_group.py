@@ -132,8 +132,8 @@ class FlatParamGroup:
         self._grads: dict[int, torch.Tensor] = {}
         self._pending_grads: set[int] = set()
         self.on_grads_ready: Callable[[FlatParamGroup], None] | None = None
-        # Called before a flat gradient buffer is allocated (to retire older ones first).
-        self.before_grad_buffer: Callable[[], None] | None = None
+        # Called when the first gradient of a backward arrives, before it is kept.
+        self.on_first_grad: Callable[[FlatParamGroup], None] | None = None
         self.has_trainable = any(slot.requires_grad for slot in self.slots)
         self.reshard()
 
@@ -223,6 +223,8 @@ class FlatParamGroup:
         grad, param.grad = param.grad, None
         if grad is None:
             return
+        if not self._grads and self.on_first_grad is not None:
+            self.on_first_grad(self)
         # Kept as autograd produced it; packed into one flat buffer only once the unit's
         # gradients are complete and its parameters are freed, so the two never coexist.
         self._grads[index] = grad
@@ -234,8 +236,6 @@ class FlatParamGroup:
         """Move this backward's gradients into the flat buffer (adding to accumulated ones)."""
         flat = self._grad_full
         if flat is None:
-            if self.before_grad_buffer is not None:
-                self.before_grad_buffer()
             flat = torch.empty(self.padded_numel, dtype=dtype, device=self.device)
             covered = 0
             for index, slot in enumerate(self.slots):

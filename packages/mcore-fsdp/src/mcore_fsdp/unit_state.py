@@ -13,10 +13,8 @@ from torch.autograd.graph import register_multi_grad_hook
 from mcore_fsdp.collectives import Pending
 from mcore_fsdp.flat_param_group import FlatParamGroup
 
-# Reductions left in flight once a new one is issued (the new one included). Reductions also
-# finish before a unit allocates its unsharded gradient buffer, so one unit's reduction overlaps
-# the next unit's backward up to that unit's first parameter gradient, and its buffer is freed
-# before the next one is allocated.
+# Reductions left in flight once a new one is issued (the new one included); see also
+# ``ShardingState._first_grad``.
 _MAX_REDUCTIONS_IN_FLIGHT = 1
 
 
@@ -77,9 +75,10 @@ class ShardingState:
         self._order_index: dict[int, int] = {}
         self._order_frozen = False
         self._reductions: list[Pending] = []
+        self._unit_of = {id(group): unit for unit in units for group in unit.groups}
         for group in self.groups:
             group.on_grads_ready = self._grads_ready
-            group.before_grad_buffer = self.finish_reductions
+            group.on_first_grad = self._first_grad
         for unit in units:
             unit.module.register_forward_pre_hook(
                 lambda module, args, kwargs, unit=unit: self._pre_forward(unit, args, kwargs),
@@ -144,7 +143,18 @@ class ShardingState:
             Variable._execution_engine.queue_callback(self._end_backward)
         unit.unshard()
         unit.expose(unsharded=True)
-        previous = self._neighbour(unit, -1)
+
+    def _first_grad(self, group: FlatParamGroup) -> None:
+        """A unit's gradients start to arrive: retire the previous unit's reduction, then
+        prefetch the unit whose backward comes next.
+
+        The reduction overlapped the start of this unit's backward; its buffer is freed before
+        this unit's gradients and the next unit's parameters take memory, so one unit's
+        parameters and gradients, the next unit's parameters and the buffer being reduced are
+        never all resident at once.
+        """
+        self.finish_reductions()
+        previous = self._neighbour(self._unit_of[id(group)], -1)
         if previous is not None:
             previous.unshard(async_op=True)
 
