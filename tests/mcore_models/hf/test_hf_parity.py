@@ -134,3 +134,22 @@ def test_import_export_logit_parity(case, tp, hf_checkpoints, run_distributed, m
     reload_error = (_hf_logits(exported, ids) - reference).abs().max().item()
     print(f"{case} tp={tp}: export+reload max abs error {reload_error:.2e}")
     assert reload_error <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"window_size": None, "window_attn_skip_freq": None}, {"window_attn_skip_freq": None}],
+    ids=["no-window", "window-on-every-layer"],
+)
+def test_the_window_pattern_matters(overrides, hf_checkpoints, run_distributed, model_parallel):
+    """Negative control: the mixed-window Qwen2 checkpoint run with another window layout differs."""
+    directory, ids, reference = hf_checkpoints("qwen2-mixed-window-linear-rope")
+
+    def body():
+        model = import_hf_checkpoint(directory, pg_collection=model_parallel(1), **overrides)
+        model.parallel_output = False
+        with torch.no_grad():
+            return model(ids).numpy()
+
+    (logits,) = run_distributed(body, 1)
+    assert (torch.from_numpy(logits) - reference).abs().max().item() > 1e-3
