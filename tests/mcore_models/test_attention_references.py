@@ -4,9 +4,10 @@ import math
 
 import pytest
 import torch
-from mcore_models.transformer import sink_softmax, yarn_inverse_frequencies, yarn_mscale
 from mcore_models.transformer.attention_mask import allowed_keys
+from mcore_models.transformer.core_attention import sink_softmax
 from mcore_models.transformer.rope import llama3_scaled_frequencies, rope_inverse_frequencies
+from mcore_models.transformer.yarn import yarn_inverse_frequencies, yarn_mscale
 
 
 def test_off_by_one_softmax_by_hand():
@@ -46,8 +47,7 @@ def test_yarn_frequencies_and_temperature_by_hand():
 
 
 def test_yarn_rotary_tables_carry_the_temperature():
-    from mcore_models import TransformerConfig
-    from mcore_models.transformer import YarnRotaryEmbedding
+    from mcore_models import TransformerConfig, YarnRotaryEmbedding
 
     config = TransformerConfig(
         num_layers=1,

@@ -42,7 +42,7 @@ def test_te_spec_layer_matches_the_local_layer(run_distributed, model_parallel):
     pytest.importorskip("transformer_engine")
 
     def body():
-        from mcore_models.transformer import TransformerLayer
+        from mcore_models import TransformerLayer
 
         groups = model_parallel(1)
         config = TransformerConfig(

@@ -22,8 +22,11 @@ def _tag(param: torch.nn.Parameter | None, partition_dim: int) -> None:
         param.partition_dim = partition_dim
 
 
-class TEColumnParallelLinear(te.Linear):
-    """``te.Linear`` split by output rows; ``forward`` returns ``(output, None)`` like ``ColumnParallelLinear``."""
+class _TEParallelLinear(te.Linear):
+    """``te.Linear`` in ``parallel_mode``; ``forward`` returns ``(output, None)`` like mcore-parallel's linears."""
+
+    parallel_mode: str
+    partition_dim: int
 
     def __init__(
         self,
@@ -45,46 +48,29 @@ class TEColumnParallelLinear(te.Linear):
             sequence_parallel=sequence_parallel,
             tp_group=tp_group,
             tp_size=dist.get_world_size(tp_group),
-            parallel_mode="column",
+            parallel_mode=self.parallel_mode,
             params_dtype=params_dtype,
         )
-        _tag(self.weight, 0)
-        _tag(getattr(self, "bias", None) if bias else None, 0)
+        _tag(self.weight, self.partition_dim)
+        if bias and self.partition_dim == 0:
+            _tag(getattr(self, "bias", None), 0)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         return super().forward(x), None
 
 
-class TERowParallelLinear(te.Linear):
-    """``te.Linear`` split by input columns, reduced (or reduce-scattered) over TP; returns ``(output, None)``."""
+class TEColumnParallelLinear(_TEParallelLinear):
+    """Split by output rows (column parallel)."""
 
-    def __init__(
-        self,
-        input_size,
-        output_size,
-        *,
-        tp_group,
-        bias=True,
-        sequence_parallel=False,
-        init_method=None,
-        params_dtype=torch.float32,
-        **_,
-    ):
-        super().__init__(
-            input_size,
-            output_size,
-            bias=bias,
-            init_method=init_method,
-            sequence_parallel=sequence_parallel,
-            tp_group=tp_group,
-            tp_size=dist.get_world_size(tp_group),
-            parallel_mode="row",
-            params_dtype=params_dtype,
-        )
-        _tag(self.weight, 1)
+    parallel_mode = "column"
+    partition_dim = 0
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return super().forward(x), None
+
+class TERowParallelLinear(_TEParallelLinear):
+    """Split by input columns, reduced (or reduce-scattered) over TP (row parallel)."""
+
+    parallel_mode = "row"
+    partition_dim = 1
 
 
 def te_norm(config: TransformerConfig, hidden_size: int, eps: float | None = None) -> torch.nn.Module:
