@@ -9,11 +9,17 @@ from importlib.metadata import version as _version
 
 from mcore_parallel.config.checkpoint import CheckpointConfig
 from mcore_parallel.config.cli import add_dataclass_arguments, dataclass_from_args, flag_of, parse_dataclasses
+from mcore_parallel.config.ddp import DistributedDataParallelConfig
 from mcore_parallel.config.fields import ConfigError, config_field, validate_fields
 from mcore_parallel.config.logger import LoggerConfig
 from mcore_parallel.config.model_parallel import ModelParallelConfig
+from mcore_parallel.config.optimizer import OptimizerConfig
 from mcore_parallel.config.straggler import StragglerDetectionConfig
 from mcore_parallel.device import get_backend, get_device, get_group_device, synchronize_device
+from mcore_parallel.distributed.data_parallel import DistributedDataParallel
+from mcore_parallel.distributed.grad_bucket import GradBucket
+from mcore_parallel.distributed.grad_buffer import ParamAndGradBuffer
+from mcore_parallel.optimizer.distributed_optimizer import DistributedOptimizer
 from mcore_parallel.parallel_state import destroy_model_parallel, initialize_model_parallel
 from mcore_parallel.process_groups.collection import ProcessGroupCollection
 from mcore_parallel.process_groups.hyper_comm_grid import HyperCommGrid
@@ -60,10 +66,16 @@ __all__ = [
     "CheckpointConfig",
     "ColumnParallelLinear",
     "ConfigError",
+    "DistributedDataParallel",
+    "DistributedDataParallelConfig",
+    "DistributedOptimizer",
+    "GradBucket",
     "GradientCheck",
     "HyperCommGrid",
     "LoggerConfig",
     "ModelParallelConfig",
+    "OptimizerConfig",
+    "ParamAndGradBuffer",
     "ProcessGroupCollection",
     "RNGStatesTracker",
     "RowParallelLinear",
