@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401  (the first optimizer step imports it: once here, not in every rank)
+import torch._dynamo
 import torch.distributed as dist
 from mcore_parallel import (
     ConfigError,

@@ -21,6 +21,14 @@ from mcore_parallel.distributed.grad_bucket import GradBucket
 from mcore_parallel.distributed.grad_buffer import ParamAndGradBuffer
 from mcore_parallel.optimizer.distributed_optimizer import DistributedOptimizer
 from mcore_parallel.parallel_state import destroy_model_parallel, initialize_model_parallel
+from mcore_parallel.pipeline_parallel.p2p import P2PCommunicator
+from mcore_parallel.pipeline_parallel.schedule_plan import PipelineAction, schedule_actions
+from mcore_parallel.pipeline_parallel.schedules import (
+    ForwardStepFunc,
+    forward_backward_no_pipelining,
+    forward_backward_pipelining,
+    get_forward_backward_func,
+)
 from mcore_parallel.process_groups.collection import ProcessGroupCollection
 from mcore_parallel.process_groups.hyper_comm_grid import HyperCommGrid
 from mcore_parallel.process_groups.layout import DEFAULT_ORDER, make_parallel_grids
@@ -69,13 +77,16 @@ __all__ = [
     "DistributedDataParallel",
     "DistributedDataParallelConfig",
     "DistributedOptimizer",
+    "ForwardStepFunc",
     "GradBucket",
     "GradientCheck",
     "HyperCommGrid",
     "LoggerConfig",
     "ModelParallelConfig",
     "OptimizerConfig",
+    "P2PCommunicator",
     "ParamAndGradBuffer",
+    "PipelineAction",
     "ProcessGroupCollection",
     "RNGStatesTracker",
     "RowParallelLinear",
@@ -100,10 +111,13 @@ __all__ = [
     "expected_error_bound",
     "find_free_port",
     "flag_of",
+    "forward_backward_no_pipelining",
+    "forward_backward_pipelining",
     "gather_from_sequence_parallel_region",
     "gather_from_tensor_model_parallel_region",
     "get_backend",
     "get_device",
+    "get_forward_backward_func",
     "get_group_device",
     "get_rng_tracker",
     "initialize_model_parallel",
@@ -117,6 +131,7 @@ __all__ = [
     "relative_difference",
     "scatter_to_sequence_parallel_region",
     "scatter_to_tensor_model_parallel_region",
+    "schedule_actions",
     "sharded_frobenius_norm",
     "sharded_parameter",
     "synchronize_device",
