@@ -7,6 +7,17 @@ The global getters of ``initialize_model_parallel`` live in ``mcore_parallel.par
 
 from importlib.metadata import version as _version
 
+from mcore_parallel.checkpointing.checkpointer import (
+    DistributedCheckpointer,
+    checkpoint_dir,
+    latest_iteration,
+)
+from mcore_parallel.checkpointing.sharded_state_dict import (
+    load_sharded_optimizer_state_dict,
+    sharded_model_state_dict,
+    sharded_optimizer_state_dict,
+    sharded_tensor,
+)
 from mcore_parallel.config.checkpoint import CheckpointConfig
 from mcore_parallel.config.cli import add_dataclass_arguments, dataclass_from_args, flag_of, parse_dataclasses
 from mcore_parallel.config.ddp import DistributedDataParallelConfig
@@ -74,6 +85,7 @@ __all__ = [
     "CheckpointConfig",
     "ColumnParallelLinear",
     "ConfigError",
+    "DistributedCheckpointer",
     "DistributedDataParallel",
     "DistributedDataParallelConfig",
     "DistributedOptimizer",
@@ -102,6 +114,7 @@ __all__ = [
     "broadcast_free_port",
     "check_gradient",
     "checkpoint",
+    "checkpoint_dir",
     "config_field",
     "copy_to_tensor_model_parallel_region",
     "dataclass_from_args",
@@ -121,6 +134,8 @@ __all__ = [
     "get_group_device",
     "get_rng_tracker",
     "initialize_model_parallel",
+    "latest_iteration",
+    "load_sharded_optimizer_state_dict",
     "make_parallel_grids",
     "model_parallel_manual_seed",
     "nvtx_range",
@@ -133,7 +148,10 @@ __all__ = [
     "scatter_to_tensor_model_parallel_region",
     "schedule_actions",
     "sharded_frobenius_norm",
+    "sharded_model_state_dict",
+    "sharded_optimizer_state_dict",
     "sharded_parameter",
+    "sharded_tensor",
     "synchronize_device",
     "validate_fields",
     "vocab_parallel_cross_entropy",

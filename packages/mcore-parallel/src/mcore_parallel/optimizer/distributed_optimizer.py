@@ -113,3 +113,50 @@ class DistributedOptimizer:
         for state in self.optimizer.state.values():
             total += sum(t.numel() * t.element_size() for k, t in state.items() if k in STATE_KEYS)
         return total
+
+    def gather_param_states(self) -> dict[torch.nn.Parameter, dict[str, torch.Tensor]]:
+        """Every model parameter's float32 ``main`` value and Adam moments, in the parameter's shape.
+
+        Collective over the data-parallel group (all-gathers each bucket's shards), for saving.
+        """
+        self.ensure_state()
+        states: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
+        device = get_group_device(self.model.dp_group)
+        for main, bucket in zip(self.main_params, self.buckets, strict=True):
+            state = self.optimizer.state[main]
+            for key, shard in (("main", main.detach()), *((k, state[k]) for k in STATE_KEYS)):
+                full = torch.empty(bucket.grad_data.numel(), dtype=torch.float32, device=device)
+                dist.all_gather_into_tensor(full, shard.to(device), group=self.model.dp_group)
+                for param, offset in bucket.param_offsets.items():
+                    states.setdefault(param, {})[key] = full.narrow(0, offset, param.numel()).view(
+                        param.shape
+                    )
+        return states
+
+    def scatter_param_states(
+        self, states: dict[torch.nn.Parameter, dict[str, torch.Tensor]], step: int
+    ) -> None:
+        """Take this rank's shards of full per-parameter states (``gather_param_states``' layout).
+
+        Sets the main parameters, the Adam moments and step, then refreshes the model parameters.
+        """
+        self.ensure_state()
+        for main, bucket in zip(self.main_params, self.buckets, strict=True):
+            state = self.optimizer.state[main]
+            state["step"].fill_(step)
+            targets = {"main": main.data, **{k: state[k] for k in STATE_KEYS}}
+            shard_end = bucket.shard_start + bucket.shard_numel
+            for param, offset in bucket.param_offsets.items():
+                start, end = max(offset, bucket.shard_start), min(offset + param.numel(), shard_end)
+                if start >= end:
+                    continue
+                for key, target in targets.items():
+                    source = states[param][key].reshape(-1)[start - offset : end - offset]
+                    target[start - bucket.shard_start : end - bucket.shard_start].copy_(source)
+        self._publish_main_params()
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken so far."""
+        steps = [int(state["step"]) for state in self.optimizer.state.values()]
+        return steps[0] if steps else 0
