@@ -154,6 +154,7 @@ def test_async_save_writes_the_state_at_save_time(run_distributed, tmp_path):
     assert latest_iteration(tmp_path) == 1
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_killed_save_leaves_previous_checkpoint_loadable(tmp_path):
     config = CheckpointConfig(save=str(tmp_path), load=str(tmp_path))
     module = nn.Linear(4, 4)

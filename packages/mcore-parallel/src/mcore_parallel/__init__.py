@@ -32,6 +32,8 @@ from mcore_parallel.distributed.grad_bucket import GradBucket
 from mcore_parallel.distributed.grad_buffer import ParamAndGradBuffer
 from mcore_parallel.optimizer.distributed_optimizer import DistributedOptimizer
 from mcore_parallel.parallel_state import destroy_model_parallel, initialize_model_parallel
+from mcore_parallel.pipeline_parallel.bridge import BridgeCommunicator
+from mcore_parallel.pipeline_parallel.multi_module import MultiModuleProcessGroups
 from mcore_parallel.pipeline_parallel.p2p import P2PCommunicator
 from mcore_parallel.pipeline_parallel.schedule_plan import PipelineAction, schedule_actions
 from mcore_parallel.pipeline_parallel.schedules import (
@@ -82,6 +84,7 @@ __version__ = _version("mcore-parallel")
 __all__ = [
     "DEFAULT_ORDER",
     "MODEL_PARALLEL_RNG",
+    "BridgeCommunicator",
     "CheckpointConfig",
     "ColumnParallelLinear",
     "ConfigError",
@@ -95,6 +98,7 @@ __all__ = [
     "HyperCommGrid",
     "LoggerConfig",
     "ModelParallelConfig",
+    "MultiModuleProcessGroups",
     "OptimizerConfig",
     "P2PCommunicator",
     "ParamAndGradBuffer",
