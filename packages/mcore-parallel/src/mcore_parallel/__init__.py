@@ -1,6 +1,6 @@
-"""Parallelism for PyTorch training: process groups, tensor and sequence parallelism, config
-dataclasses and the CLI generated from them, and distributed-training utilities. Runs on CPU with
-gloo and on CUDA with NCCL.
+"""Parallelism for PyTorch training: process groups, tensor, sequence and pipeline parallelism, DDP
+and the distributed optimizer, reshardable checkpoints, config dataclasses and the CLI generated
+from them, and distributed-training utilities. Runs on CPU with gloo and on CUDA with NCCL.
 
 The global getters of ``initialize_model_parallel`` live in ``mcore_parallel.parallel_state``.
 """
