@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from mcore_parallel import (
     ColumnParallelLinear,
+    P2PCommunicator,
     PipelineAction,
     RowParallelLinear,
     forward_backward_no_pipelining,
@@ -49,11 +50,6 @@ def _data():
         )
         for i in range(MICRO)
     ]
-
-
-def _close(actual, expected, name):
-    excess = (actual - expected).abs() - (ATOL + RTOL * expected.abs())
-    assert excess.max() <= 0, f"{name}: max abs error {(actual - expected).abs().max():.3e}"
 
 
 def _pipeline_matches_reference(tp, pp, vpp, forward_only):
@@ -100,7 +96,7 @@ def _pipeline_matches_reference(tp, pp, vpp, forward_only):
     )
     if stage == pp - 1:
         for loss, expected in zip(losses, reference_losses, strict=True):
-            _close(loss, expected, "loss")
+            torch.testing.assert_close(loss, expected, rtol=RTOL, atol=ATOL, msg="loss")
     else:
         assert losses == []
     for module, ids in zip(chunks, layer_ids, strict=True):
@@ -111,10 +107,9 @@ def _pipeline_matches_reference(tp, pp, vpp, forward_only):
                     continue
                 full = reference[layer].get_parameter(name).grad
                 dim = getattr(param, "partition_dim", None)
-                _close(
-                    param.grad,
-                    full if dim is None else full.chunk(tp, dim=dim)[tp_rank],
-                    f"layer {layer} {name}",
+                expected = full if dim is None else full.chunk(tp, dim=dim)[tp_rank]
+                torch.testing.assert_close(
+                    param.grad, expected, rtol=RTOL, atol=ATOL, msg=f"layer {layer} {name}"
                 )
     return len(losses)
 
@@ -148,7 +143,7 @@ def test_no_pipelining_accumulates_mean_gradient():
     sum((model(x) - t).square().mean() for x, t in data).div(MICRO).backward()
     assert len(losses) == MICRO
     for actual, reference in zip(expected, model.parameters(), strict=True):
-        _close(actual, reference.grad, "gradient")
+        torch.testing.assert_close(actual, reference.grad, rtol=RTOL, atol=ATOL, msg="gradient")
 
 
 def test_schedule_orders():
@@ -171,3 +166,23 @@ def test_schedule_orders():
     ]
     with pytest.raises(ValueError, match="num_microbatches"):
         schedule_actions(0, 2, 3, num_chunks=2)
+
+
+def _combined_p2p():
+    p2p = P2PCommunicator(dist.group.WORLD)
+    if p2p.stage == 0:
+        activation = torch.arange(6.0).view(2, 3)  # shape travels with it
+        grad = p2p.send_forward_recv_backward(activation)
+        p2p.send_forward(activation + 1)
+        return grad.tolist(), p2p.recv_backward(torch.Size([2, 3])).tolist()
+    first = p2p.recv_forward()
+    second = p2p.send_backward_recv_forward(-first)
+    p2p.send_backward(-second)
+    return first.tolist(), second.tolist()
+
+
+def test_combined_p2p_operations(run_distributed):
+    (grad, second_grad), (first, second) = run_distributed(_combined_p2p, 2)
+    expected = torch.arange(6.0).view(2, 3)
+    assert first == expected.tolist() and second == (expected + 1).tolist()
+    assert grad == (-expected).tolist() and second_grad == (-expected - 1).tolist()

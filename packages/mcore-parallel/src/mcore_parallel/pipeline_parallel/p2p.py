@@ -118,12 +118,13 @@ class P2PCommunicator:
         return grad
 
     def send_backward_recv_forward(self, grad: torch.Tensor) -> torch.Tensor:
-        """Send a gradient backward and receive the next activation from the previous stage."""
-        shape = self._recv_shape(self.prev_rank)
-        activation = torch.empty(shape, dtype=self.dtype, device=self.device)
-        works = send_tensors(
-            [(grad.detach(), self.prev_rank, BACKWARD_TAG)], [(activation, self.prev_rank, FORWARD_TAG)]
-        )
+        """Send a gradient backward and receive the next activation from the previous stage.
+
+        The gradient is posted first, so a previous stage that waits for it before sending on
+        does not deadlock with the shape handshake.
+        """
+        works = self.isend_backward(grad)
+        activation = self.recv_forward()
         for work in works:
             work.wait()
         return activation
