@@ -11,7 +11,6 @@ import signal
 
 import pytest
 import torch
-import torch._dynamo
 import torch.distributed as dist
 from mcore_parallel import (
     CheckpointConfig,

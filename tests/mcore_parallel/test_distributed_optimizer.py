@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-import torch._dynamo
 import torch.distributed as dist
 from mcore_parallel import (
     ConfigError,
