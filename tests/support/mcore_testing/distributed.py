@@ -105,9 +105,11 @@ def _run_once(
 
 @functools.cache
 def _import_lazy_torch_modules_once() -> None:
-    """Import, in the test process, what torch imports lazily on first use (sympy and friends,
-    seconds each time), so forked ranks inherit it instead of importing it again per rank."""
+    """Import, in the test process, what torch imports lazily on first use (sympy through
+    ``assert_close``, dynamo through the first ``optimizer.step()``: seconds each), so forked ranks
+    inherit it instead of importing it again per rank."""
     import torch
+    import torch._dynamo
 
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 

@@ -3,6 +3,51 @@ mcore-kernels, Hugging Face checkpoint import/export, datasets, and the training
 
 from importlib.metadata import version as _version
 
+from mcore_models.config.transformer_config import TransformerConfig
+from mcore_models.debug.grad_logger import DataGradientLogger
+from mcore_models.hf.checkpoint import export_hf_checkpoint, hf_to_transformer_config, import_hf_checkpoint
+from mcore_models.hf.mapping import HFMapping
+from mcore_models.hf.registry import HF_MAPPINGS
+from mcore_models.models.gpt.embedding import LanguageModelEmbedding
+from mcore_models.models.gpt.model import GPTModel
+from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from mcore_models.transformer.block import TransformerBlock
+from mcore_models.transformer.core_attention import DotProductAttention
+from mcore_models.transformer.layer import TransformerLayer, TransformerLayerSubmodules
+from mcore_models.transformer.mlp import MLP, MLPSubmodules
+from mcore_models.transformer.packed_seq import PackedSeqParams
+from mcore_models.transformer.rope import RotaryEmbedding
+from mcore_models.transformer.spec import ModuleSpec, build_module
+from mcore_models.transformer.specs import get_gpt_layer_local_spec, get_gpt_layer_spec, get_gpt_layer_te_spec
+from mcore_models.transformer.yarn import YarnRotaryEmbedding
+
 __version__ = _version("mcore-models")
 
-__all__ = ["__version__"]
+__all__ = [
+    "HF_MAPPINGS",
+    "MLP",
+    "DataGradientLogger",
+    "DotProductAttention",
+    "GPTModel",
+    "HFMapping",
+    "LanguageModelEmbedding",
+    "MLPSubmodules",
+    "ModuleSpec",
+    "PackedSeqParams",
+    "RotaryEmbedding",
+    "SelfAttention",
+    "SelfAttentionSubmodules",
+    "TransformerBlock",
+    "TransformerConfig",
+    "TransformerLayer",
+    "TransformerLayerSubmodules",
+    "YarnRotaryEmbedding",
+    "__version__",
+    "build_module",
+    "export_hf_checkpoint",
+    "get_gpt_layer_local_spec",
+    "get_gpt_layer_spec",
+    "get_gpt_layer_te_spec",
+    "hf_to_transformer_config",
+    "import_hf_checkpoint",
+]

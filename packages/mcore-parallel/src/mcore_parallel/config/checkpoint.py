@@ -30,6 +30,12 @@ class CheckpointConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.ckpt_format == "zarr":
+            raise ConfigError(
+                ["ckpt_format"],
+                "the 'zarr' format is not supported; use 'torch_dist' (torch.distributed.checkpoint), "
+                "which saves and loads across topologies",
+            )
         validate_fields(self)
         if self.save_interval is not None and self.save is None:
             raise ConfigError(["save_interval", "save"], "a save interval needs a save directory")

@@ -1,0 +1,203 @@
+"""``TransformerConfig``: the shape and behaviour of a transformer, one declared field per option."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mcore_parallel import ConfigError, ModelParallelConfig, config_field
+
+GATED_ACTIVATIONS = ("swiglu", "geglu", "quick_geglu")
+
+
+@dataclass(kw_only=True)
+class TransformerConfig(ModelParallelConfig):
+    """Transformer: layers, widths, attention variants, position embeddings, MLP and recompute."""
+
+    # -- shape -------------------------------------------------------------------------------
+    num_layers: int = config_field(minimum=1, help="Number of transformer layers.")
+    hidden_size: int = config_field(minimum=1, help="Width of the residual stream.")
+    num_attention_heads: int = config_field(minimum=1, help="Query heads per attention layer.")
+    num_query_groups: int | None = config_field(
+        None, minimum=1, help="Key/value heads (GQA; 1 is MQA). Default: num_attention_heads."
+    )
+    ffn_hidden_size: int | None = config_field(
+        None, minimum=1, help="Width of the MLP's hidden layer. Default: 4 * hidden_size."
+    )
+    kv_channels: int | None = config_field(
+        None, minimum=1, help="Width of one attention head. Default: hidden_size / num_attention_heads."
+    )
+    # -- normalization -----------------------------------------------------------------------
+    normalization: Literal["LayerNorm", "RMSNorm"] = config_field(
+        "LayerNorm", help="Normalization layer type."
+    )
+    layernorm_epsilon: float = config_field(1e-5, minimum=0.0, help="Epsilon of the normalization layers.")
+    qk_layernorm: bool = config_field(False, help="Normalize queries and keys per head before RoPE.")
+    # -- biases and activation ---------------------------------------------------------------
+    add_bias_linear: bool = config_field(True, help="Biases in all linear layers.")
+    add_qkv_bias: bool = config_field(
+        False, help="Bias in the QKV projection only (on whenever add_bias_linear is)."
+    )
+    activation: Literal[
+        "gelu", "gelu_tanh", "relu", "squared_relu", "silu", "swiglu", "geglu", "quick_geglu"
+    ] = config_field(
+        "gelu", help="MLP activation; swiglu, geglu and quick_geglu are gated (fc1 twice as wide)."
+    )
+    glu_linear_offset: float = config_field(
+        0.0, help="Added to the linear half of gated activations: act(gate) * (up + offset)."
+    )
+    quick_gelu_alpha: float = config_field(
+        1.702, help="Slope of quick_geglu's sigmoid: x * sigmoid(alpha x)."
+    )
+    activation_clamp_value: float | None = config_field(
+        None, minimum=0.0, help="Clamp gated-activation inputs: gate <= value, |up| <= value."
+    )
+    # -- position embeddings -----------------------------------------------------------------
+    position_embedding_type: Literal["learned_absolute", "rope", "yarn", "none"] = config_field(
+        "learned_absolute", help="How positions enter the model."
+    )
+    max_position_embeddings: int = config_field(
+        2048, minimum=1, help="Rows of the learned position table; longest sequence for learned positions."
+    )
+    rotary_base: float = config_field(10000.0, minimum=1.0, help="RoPE base (theta).")
+    rope_scaling_type: Literal["none", "linear", "llama3"] = config_field(
+        "none", help="Frequency scaling of plain RoPE: linear (position interpolation) or llama3."
+    )
+    rope_scaling_factor: float = config_field(
+        1.0, minimum=1.0, help="Context extension factor of RoPE scaling."
+    )
+    rope_low_freq_factor: float = config_field(1.0, help="llama3 scaling: low-frequency factor.")
+    rope_high_freq_factor: float = config_field(4.0, help="llama3 scaling: high-frequency factor.")
+    rope_original_max_position_embeddings: int = config_field(
+        8192, minimum=1, help="llama3 scaling: context length the model was trained at."
+    )
+    yarn_rotary_scaling_factor: float = config_field(1.0, minimum=1.0, help="YaRN context extension factor.")
+    yarn_original_max_position_embeddings: int = config_field(
+        4096, minimum=1, help="YaRN: context length the model was trained at."
+    )
+    yarn_beta_fast: float = config_field(32.0, help="YaRN: rotations above which dimensions extrapolate.")
+    yarn_beta_slow: float = config_field(1.0, help="YaRN: rotations below which dimensions interpolate.")
+    yarn_mscale: float = config_field(1.0, help="YaRN: numerator coefficient of the attention temperature.")
+    yarn_mscale_all_dim: float = config_field(
+        0.0, help="YaRN: denominator coefficient of the attention temperature (0 disables)."
+    )
+    yarn_correction_range_round_to_int: bool = config_field(
+        True, help="YaRN: round the correction range outwards to whole dimensions."
+    )
+    # -- attention variants ------------------------------------------------------------------
+    window_size: int | None = config_field(
+        None,
+        minimum=1,
+        help="Sliding-window attention: a query sees at most this many most recent keys, itself included.",
+    )
+    window_attn_skip_freq: list[int] | None = config_field(  # noqa: RUF009 (returns a dataclass field)
+        None,
+        minimum=0,
+        help="Which layers use the window: one value N makes every N-th layer full attention; "
+        "num_layers values give a per-layer pattern (1 windowed, 0 full). Default: all windowed.",
+    )
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = config_field(
+        "vanilla",
+        help="Attention softmax: vanilla, off-by-one (a sink logit fixed at 0) or learnable (a learned "
+        "sink logit per head).",
+    )
+    softmax_scale: float | None = config_field(
+        None, minimum=0.0, help="Scale of the attention scores. Default: 1 / sqrt(kv_channels)."
+    )
+    # -- embeddings, dropout, init -----------------------------------------------------------
+    share_embeddings_and_output_weights: bool = config_field(
+        False, help="Tie the output layer's weight to the input embedding."
+    )
+    attention_dropout: float = config_field(0.1, minimum=0.0, help="Dropout on attention probabilities.")
+    hidden_dropout: float = config_field(
+        0.1, minimum=0.0, help="Dropout on embeddings and on each residual branch."
+    )
+    init_method_std: float = config_field(0.02, minimum=0.0, help="Std of the normal weight initialisation.")
+    use_scaled_init_for_output: bool = config_field(
+        True, help="Scale the init std of residual-output layers by 1 / sqrt(2 * num_layers)."
+    )
+    # -- activation recompute and implementation ---------------------------------------------
+    recompute_granularity: Literal["full", "selective"] | None = config_field(
+        None, help="Activation recompute: whole layers (full) or core attention only (selective)."
+    )
+    recompute_method: Literal["uniform", "block"] = config_field(
+        "uniform",
+        help="Full recompute: uniform checkpoints groups of recompute_num_layers layers; block "
+        "checkpoints the first recompute_num_layers layers one by one.",
+    )
+    recompute_num_layers: int = config_field(
+        1, minimum=1, help="Layers per group (uniform) or in total (block)."
+    )
+    transformer_impl: Literal["local", "transformer_engine"] = config_field(
+        "local", help="Layer implementation: pure PyTorch, or Transformer Engine when it imports."
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window_attn_skip_freq, int):
+            self.window_attn_skip_freq = [self.window_attn_skip_freq]
+        super().__post_init__()
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(
+                    ["hidden_size", "num_attention_heads"],
+                    f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                    f"({self.num_attention_heads}) unless kv_channels is set",
+                )
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_query_groups:
+            raise ConfigError(
+                ["num_attention_heads", "num_query_groups"],
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_query_groups "
+                f"({self.num_query_groups})",
+            )
+        tp = self.tensor_model_parallel_size
+        if self.num_query_groups % tp:
+            raise ConfigError(
+                ["num_query_groups", "tensor_model_parallel_size"],
+                f"num_query_groups ({self.num_query_groups}) must be divisible by the tensor-parallel size ({tp})",
+            )
+        self._check_window()
+        if self.activation_clamp_value is not None and self.activation not in GATED_ACTIVATIONS:
+            raise ConfigError(
+                ["activation_clamp_value", "activation"],
+                f"clamping applies to gated activations {list(GATED_ACTIVATIONS)}, got {self.activation!r}",
+            )
+
+    def _check_window(self) -> None:
+        pattern = self.window_attn_skip_freq
+        if pattern is None:
+            return
+        if self.window_size is None:
+            raise ConfigError(["window_attn_skip_freq", "window_size"], "a layer pattern needs window_size")
+        if len(pattern) == 1:
+            if pattern[0] < 1:
+                raise ConfigError(["window_attn_skip_freq"], f"a frequency must be >= 1, got {pattern[0]}")
+        elif len(pattern) != self.num_layers or any(v not in (0, 1) for v in pattern):
+            raise ConfigError(
+                ["window_attn_skip_freq", "num_layers"],
+                f"a per-layer pattern needs num_layers ({self.num_layers}) values, each 0 or 1; got {pattern}",
+            )
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """Whether the MLP's activation is gated (fc1 produces gate and up halves)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    def is_window_attention_layer(self, layer_number: int) -> bool:
+        """Whether 1-based ``layer_number`` uses sliding-window attention."""
+        if self.window_size is None:
+            return False
+        pattern = self.window_attn_skip_freq
+        if pattern is None:
+            return True
+        if len(pattern) == 1:
+            return layer_number % pattern[0] != 0
+        return bool(pattern[layer_number - 1])
+
+    def window_for_layer(self, layer_number: int) -> int | None:
+        """The window of 1-based ``layer_number``, or ``None`` for full attention."""
+        return self.window_size if self.is_window_attention_layer(layer_number) else None

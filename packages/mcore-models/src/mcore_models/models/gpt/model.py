@@ -1,0 +1,135 @@
+"""``GPTModel``: embedding -> transformer block -> final norm -> output layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import (
+    ColumnParallelLinear,
+    ProcessGroupCollection,
+    gather_from_tensor_model_parallel_region,
+    vocab_parallel_cross_entropy,
+)
+
+from ...config.transformer_config import TransformerConfig
+from ...transformer.block import TransformerBlock
+from ...transformer.init import init_method
+from ...transformer.packed_seq import PackedSeqParams, segments_from_position_ids
+from ...transformer.process_groups import resolve_process_groups
+from ...transformer.rope import RotaryEmbedding
+from ...transformer.spec import ModuleSpec
+from ...transformer.specs import get_gpt_layer_spec
+from ...transformer.yarn import YarnRotaryEmbedding
+from .embedding import LanguageModelEmbedding
+
+
+class GPTModel(torch.nn.Module):
+    """A decoder-only language model.
+
+    ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
+    final norm and output layer; a stage without the embedding takes its input through
+    ``set_input_tensor``. Layers of this stage are split evenly over the pipeline group of
+    ``pg_collection`` (or the global groups). ``forward`` returns logits ``[b, s, vocab / tp]``
+    (the full vocabulary when ``parallel_output=False``), per-token losses ``[b, s]`` when
+    ``labels`` are given, or the hidden states ``[s, b, h]`` on a stage without ``post_process``.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        vocab_size: int,
+        layer_spec: ModuleSpec | None = None,
+        *,
+        pre_process: bool = True,
+        post_process: bool = True,
+        parallel_output: bool = True,
+        pg_collection: ProcessGroupCollection | None = None,
+    ):
+        super().__init__()
+        groups = resolve_process_groups(pg_collection)
+        self.tp_group = groups.tp
+        tp_size = dist.get_world_size(self.tp_group)
+        if tp_size != config.tensor_model_parallel_size:
+            raise ValueError(
+                f"config.tensor_model_parallel_size ({config.tensor_model_parallel_size}) differs from "
+                f"the size of the tensor-parallel group ({tp_size})"
+            )
+        self.config = config
+        self.vocab_size = vocab_size
+        self.pre_process = pre_process
+        self.post_process = post_process
+        self.parallel_output = parallel_output
+        pp_size = dist.get_world_size(groups.pp) if groups.pp is not None else 1
+        pp_rank = dist.get_rank(groups.pp) if groups.pp is not None else 0
+        if config.num_layers % pp_size:
+            raise ValueError(f"num_layers ({config.num_layers}) must divide over {pp_size} pipeline stages")
+        if config.share_embeddings_and_output_weights and not (pre_process and post_process):
+            raise NotImplementedError("tied embeddings across pipeline stages are not supported yet")
+        layers_per_stage = config.num_layers // pp_size
+
+        self.embedding = (
+            LanguageModelEmbedding(config, vocab_size, tp_group=self.tp_group) if pre_process else None
+        )
+        rotary_class = {"rope": RotaryEmbedding, "yarn": YarnRotaryEmbedding}.get(
+            config.position_embedding_type
+        )
+        self.rotary_pos_emb = rotary_class(config) if rotary_class is not None else None
+        self.decoder = TransformerBlock(
+            config,
+            layer_spec if layer_spec is not None else get_gpt_layer_spec(config),
+            tp_group=self.tp_group,
+            num_layers=layers_per_stage,
+            first_layer_number=pp_rank * layers_per_stage + 1,
+            post_process=post_process,
+        )
+        self.output_layer = None
+        if post_process:
+            self.output_layer = ColumnParallelLinear(
+                config.hidden_size,
+                vocab_size,
+                tp_group=self.tp_group,
+                bias=False,
+                sequence_parallel=config.sequence_parallel,
+                init_method=init_method(config),
+                params_dtype=config.params_dtype,
+            )
+            if config.share_embeddings_and_output_weights:
+                self.output_layer.weight = self.embedding.word_embeddings.weight
+
+    def set_input_tensor(self, tensor: torch.Tensor | None) -> None:
+        """Hidden states ``[s, b, h]`` from the previous pipeline stage."""
+        self.decoder.set_input_tensor(tensor)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        packed_seq_params: PackedSeqParams | None = None,
+    ) -> torch.Tensor:
+        """``input_ids [b, s]``; ``position_ids [b, s]`` (restarts mark packed documents);
+        ``attention_mask`` boolean ``[b, 1, s, s]``, ``True`` = masked (on top of causal);
+        ``packed_seq_params`` for a one-row packed batch; ``labels [b, s]``."""
+        batch, seq_length = input_ids.shape
+        segment_ids = None
+        if packed_seq_params is not None:
+            segment_ids = packed_seq_params.segment_ids(seq_length)
+            if position_ids is None:
+                position_ids = packed_seq_params.position_ids(seq_length)
+        if position_ids is None:
+            position_ids = torch.arange(seq_length, device=input_ids.device).expand(batch, seq_length)
+        elif segment_ids is None:
+            segment_ids = segments_from_position_ids(position_ids)
+
+        hidden = self.embedding(input_ids, position_ids) if self.embedding is not None else None
+        rotary = self.rotary_pos_emb(position_ids) if self.rotary_pos_emb is not None else None
+        hidden = self.decoder(hidden, rotary, segment_ids, attention_mask)
+        if not self.post_process:
+            return hidden
+        logits, _ = self.output_layer(hidden)  # [s, b, v / tp]
+        if labels is not None:
+            return vocab_parallel_cross_entropy(logits, labels.t(), self.tp_group).t()
+        if not self.parallel_output:
+            logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
+        return logits.transpose(0, 1).contiguous()

@@ -1,0 +1,1 @@
+"""Transformer building blocks: specs, attention, MLP, layers, block, position embeddings."""

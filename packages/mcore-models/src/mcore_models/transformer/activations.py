@@ -1,0 +1,56 @@
+"""MLP activations, plain and gated (``act(gate) * up`` on the two halves of fc1's output)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..config.transformer_config import TransformerConfig
+
+
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x) ** 2``."""
+    return F.relu(x).square()
+
+
+def quick_gelu(x: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
+    """``x * sigmoid(alpha * x)``."""
+    return x * torch.sigmoid(alpha * x)
+
+
+_PLAIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "squared_relu": squared_relu,
+    "silu": F.silu,
+}
+
+
+def activation_function(config: TransformerConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function applied to fc1's output: plain, or gated over its last-dim halves ``[gate, up]``."""
+    if not config.gated_linear_unit:
+        return _PLAIN[config.activation]
+    gate_fn: Callable[[torch.Tensor], torch.Tensor]
+    if config.activation == "swiglu":
+        gate_fn = F.silu
+    elif config.activation == "geglu":
+        gate_fn = F.gelu
+    else:
+        alpha = config.quick_gelu_alpha
+
+        def gate_fn(x: torch.Tensor) -> torch.Tensor:
+            return quick_gelu(x, alpha)
+
+    offset, clamp = config.glu_linear_offset, config.activation_clamp_value
+
+    def gated(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        if clamp is not None:
+            gate = gate.clamp(max=clamp)
+            up = up.clamp(-clamp, clamp)
+        return gate_fn(gate) * (up + offset)
+
+    return gated

@@ -1,0 +1,80 @@
+"""Scaled dot-product attention in plain PyTorch, with GQA, windows and sink softmax."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..config.transformer_config import TransformerConfig
+from .attention_mask import allowed_keys
+from .rng import tensor_parallel_rng
+
+
+def sink_softmax(scores: torch.Tensor, sink_logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of ``scores [b, n, q, k]`` with one extra logit per head.
+
+    The sink ``sink_logits [n]`` joins the denominator and takes probability mass, but has no value:
+    ``p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k))``. A sink of 0 is the off-by-one softmax.
+    """
+    b, n, q, _ = scores.shape
+    sink = sink_logits.to(scores.dtype).view(1, n, 1, 1).expand(b, n, q, 1)
+    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+
+
+class DotProductAttention(torch.nn.Module):
+    """``softmax(q k^T * scale + mask) v`` for this rank's heads.
+
+    Inputs ``q [s, b, n, d]``, ``k, v [s, b, g, d]`` (``g`` groups, ``n / g`` queries each);
+    output ``[s, b, n * d]``. ``softmax_type="learnable"`` holds ``softmax_offset [n]``, this
+    rank's slice of the per-head sink logits (zeros at init).
+    """
+
+    def __init__(self, config: TransformerConfig, layer_number: int, *, tp_group: dist.ProcessGroup):
+        super().__init__()
+        self.config = config
+        self.layer_number = layer_number
+        self.window_size = config.window_for_layer(layer_number)
+        self.tp_group = tp_group
+        tp_size = dist.get_world_size(tp_group)
+        self.num_heads = config.num_attention_heads // tp_size
+        self.scale = config.softmax_scale or 1.0 / math.sqrt(config.kv_channels)
+        self.dropout = torch.nn.Dropout(config.attention_dropout)
+        if config.softmax_type == "learnable":
+            self.softmax_offset = torch.nn.Parameter(torch.zeros(self.num_heads, dtype=config.params_dtype))
+            self.softmax_offset.tensor_model_parallel = True
+            self.softmax_offset.partition_dim = 0
+        else:
+            self.softmax_offset = None
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        segment_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        s, b, n, d = query.shape
+        repeats = n // key.shape[2]
+        q = query.permute(1, 2, 0, 3)
+        k = key.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
+        v = value.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scale
+        allowed = allowed_keys(s, window_size=self.window_size, segment_ids=segment_ids, device=q.device)
+        if attention_mask is not None:
+            allowed = allowed & ~attention_mask
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if self.config.softmax_type == "vanilla":
+            probs = torch.softmax(scores, dim=-1)
+        elif self.config.softmax_type == "off-by-one":
+            probs = sink_softmax(scores, scores.new_zeros(n))
+        else:
+            probs = sink_softmax(scores, self.softmax_offset.float())
+        probs = probs.to(v.dtype)
+        if self.training and self.dropout.p > 0:
+            with tensor_parallel_rng(self.tp_group):
+                probs = self.dropout(probs)
+        context = torch.matmul(probs, v)  # [b, n, s, d]
+        return context.permute(2, 0, 1, 3).reshape(s, b, n * d)

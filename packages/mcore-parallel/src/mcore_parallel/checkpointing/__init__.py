@@ -1,0 +1,1 @@
+"""Distributed checkpointing on ``torch.distributed.checkpoint``: reshardable state dicts, safe saves."""

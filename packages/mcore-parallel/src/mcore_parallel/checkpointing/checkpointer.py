@@ -1,0 +1,146 @@
+"""``DistributedCheckpointer``: save and load sharded state dicts; a crashed save never hides the last one.
+
+Layout under the save directory: ``iter_0000010/`` per checkpoint and ``latest_checkpointed_iteration.txt``.
+A save writes into ``iter_0000010.inprogress/``; only when every rank has written does rank 0
+rename it to ``iter_0000010/`` and then replace the ``latest`` marker (write to a temporary file,
+then an atomic rename). A save that dies on the way leaves the previous checkpoint marked latest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from ..config.checkpoint import CheckpointConfig
+from ..config.fields import ConfigError
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+IN_PROGRESS_SUFFIX = ".inprogress"
+
+
+def checkpoint_dir(directory: str | os.PathLike, iteration: int) -> Path:
+    """The directory of the checkpoint of ``iteration``."""
+    return Path(directory) / f"iter_{iteration:07d}"
+
+
+def latest_iteration(directory: str | os.PathLike) -> int | None:
+    """The iteration of the last complete checkpoint under ``directory``, or ``None``."""
+    marker = Path(directory) / LATEST_FILE
+    return int(marker.read_text().strip()) if marker.exists() else None
+
+
+class DistributedCheckpointer:
+    """Save and load state dicts (``sharded_model_state_dict`` & co.) with ``torch.distributed.checkpoint``.
+
+    ``config.save`` / ``config.load`` are the directories; ``config.async_save`` writes in a background
+    thread over a process group of its own (``wait()`` completes it; the next ``save`` waits for the
+    previous one). Collective: every rank of ``process_group`` (default: all) calls the same methods.
+    Works without an initialized process group (one process).
+
+    Raises:
+        ConfigError: ``config.ckpt_format`` is not ``torch_dist``.
+    """
+
+    def __init__(self, config: CheckpointConfig, process_group: dist.ProcessGroup | None = None):
+        if config.ckpt_format != "torch_dist":
+            raise ConfigError(
+                ["ckpt_format"],
+                f"DistributedCheckpointer writes ckpt_format 'torch_dist', got {config.ckpt_format!r}",
+            )
+        self.config = config
+        self.distributed = dist.is_initialized()
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group) if self.distributed else 0
+        self._async_group = dist.new_group(backend="gloo") if config.async_save and self.distributed else None
+        self._pending: tuple[Future, int] | None = None
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.process_group)
+
+    def save(self, state_dict: dict[str, Any], iteration: int) -> None:
+        """Save ``state_dict`` as the checkpoint of ``iteration`` in ``config.save``."""
+        if self.config.save is None:
+            raise ConfigError(["save"], "saving needs a save directory")
+        self.wait()
+        staging = Path(str(checkpoint_dir(self.config.save, iteration)) + IN_PROGRESS_SUFFIX)
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # left behind by a crashed save
+            staging.mkdir(parents=True)
+        self._barrier()
+        if self.config.async_save:
+            future = dcp.async_save(
+                state_dict,
+                checkpoint_id=staging,
+                process_group=self._async_group,
+                no_dist=not self.distributed,
+            )
+            self._pending = (future, iteration)
+        else:
+            dcp.save(
+                state_dict,
+                checkpoint_id=staging,
+                process_group=self.process_group,
+                no_dist=not self.distributed,
+            )
+            self._publish(iteration)
+            self._barrier()
+
+    def wait(self) -> None:
+        """Finish a pending asynchronous save and mark it latest."""
+        if self._pending is None:
+            return
+        future, iteration = self._pending
+        self._pending = None
+        future.result()
+        self._publish(iteration)
+        self._barrier()
+
+    def _publish(self, iteration: int) -> None:
+        """Rank 0: move the finished checkpoint into place, then point the latest marker at it."""
+        if self.rank != 0:
+            return
+        final = checkpoint_dir(self.config.save, iteration)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(str(final) + IN_PROGRESS_SUFFIX, final)
+        marker = Path(self.config.save) / LATEST_FILE
+        temporary = marker.with_suffix(".tmp")
+        with open(temporary, "w") as handle:
+            handle.write(str(iteration))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, marker)
+
+    def load(self, state_dict: dict[str, Any], iteration: int | None = None) -> int:
+        """Fill ``state_dict`` in place from ``config.load`` (the latest checkpoint by default).
+
+        Tensors may be sharded differently from when they were saved. Returns the iteration loaded.
+
+        Raises:
+            FileNotFoundError: there is no complete checkpoint to load.
+        """
+        if self.config.load is None:
+            raise ConfigError(["load"], "loading needs a load directory")
+        if iteration is None:
+            iteration = latest_iteration(self.config.load)
+            if iteration is None:
+                raise FileNotFoundError(
+                    f"no {LATEST_FILE} in {self.config.load}: nothing has been saved there"
+                )
+        directory = checkpoint_dir(self.config.load, iteration)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"no checkpoint of iteration {iteration} at {directory}")
+        dcp.load(
+            state_dict,
+            checkpoint_id=directory,
+            process_group=self.process_group,
+            no_dist=not self.distributed,
+        )
+        return iteration
