@@ -2,10 +2,6 @@
 
 import pytest
 import torch
-
-# FSDP2 imports torch._dynamo on first use (about 2 s); importing it once here, before the ranks
-# fork, spares every forked rank that cost.
-import torch._dynamo
 from torch import nn
 
 
