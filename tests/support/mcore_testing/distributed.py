@@ -14,6 +14,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -174,7 +175,7 @@ class _Rank:
 
     def receive(self) -> None:
         try:
-            status, payload = self.conn.recv()
+            status, payload = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             self.failure = "exited without reporting a result"
         else:
@@ -240,9 +241,11 @@ def _run_rank(
                 rendezvous.join(rank)
                 result = body(*args, **kwargs)
                 rendezvous.leave()
-                sender.send(("ok", result))
+                # Plain pickle: tensors travel by value, not as shared memory that would vanish
+                # with this process.
+                sender.send_bytes(pickle.dumps(("ok", result)))
             except BaseException:
-                sender.send(("error", traceback.format_exc()))
+                sender.send_bytes(pickle.dumps(("error", traceback.format_exc())))
     except BaseException:
         exit_code = 1
     finally:
