@@ -74,7 +74,8 @@ def run_distributed(
             "touch CUDA only inside the body"
         )
     ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
-    if any(_GLOO_CONNECT_FAILURE in rank.failure for rank in ranks):
+    failed = [rank for rank in ranks if not rank.succeeded]
+    if failed and all(_GLOO_CONNECT_FAILURE in rank.failure for rank in failed):
         warnings.warn(f"gloo could not connect the ranks of {body!r}; running it once more", stacklevel=2)
         ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
     # The first rank to fail usually caused the others to fail: report it first.
