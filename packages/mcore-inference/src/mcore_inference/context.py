@@ -75,7 +75,11 @@ class DynamicInferenceContext:
         enable_prefix_caching: bool = True,
         block_count_group: dist.ProcessGroup | None = None,
     ):
-        for name, value in (("block_size", block_size), ("max_requests", max_requests), ("max_tokens", max_tokens)):
+        for name, value in (
+            ("block_size", block_size),
+            ("max_requests", max_requests),
+            ("max_tokens", max_tokens),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.num_layers = num_layers
@@ -96,7 +100,9 @@ class DynamicInferenceContext:
             num_blocks = int(count.item())
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
         capacity = num_blocks * block_size
-        self.max_sequence_length = capacity if max_sequence_length is None else min(max_sequence_length, capacity)
+        self.max_sequence_length = (
+            capacity if max_sequence_length is None else min(max_sequence_length, capacity)
+        )
         self.kv_cache: torch.Tensor | None = None
         self.logits_indices: torch.Tensor | None = None
         self._slots = torch.empty(0, dtype=torch.long)
@@ -126,7 +132,9 @@ class DynamicInferenceContext:
 
     def _budget_bytes(self, kv_cache_memory: int | float) -> int:
         if isinstance(kv_cache_memory, bool) or kv_cache_memory <= 0:
-            raise ValueError(f"kv_cache_memory must be bytes (int > 0) or a fraction in (0, 1], got {kv_cache_memory}")
+            raise ValueError(
+                f"kv_cache_memory must be bytes (int > 0) or a fraction in (0, 1], got {kv_cache_memory}"
+            )
         if isinstance(kv_cache_memory, float):
             if kv_cache_memory > 1:
                 raise ValueError(f"kv_cache_memory as a fraction must be in (0, 1], got {kv_cache_memory}")
@@ -172,12 +180,16 @@ class DynamicInferenceContext:
                 f"sequence of {length} tokens exceeds max_sequence_length {self.max_sequence_length}"
             )
 
-    def prepare_step(self, chunks: Sequence[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
+    def prepare_step(
+        self, chunks: Sequence[ScheduledChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
         """Lay ``chunks`` out as one row; return ``input_ids``, ``position_ids`` (``[1, t]``) and,
         per chunk, its rows of the step's logits. Each chunk's request must own blocks for its
         ``end`` tokens. Raises ``RequestOverflowError`` / ``TokenOverflowError`` over the limits."""
         if len(chunks) > self.max_requests:
-            raise RequestOverflowError(f"{len(chunks)} requests in one step, max_requests is {self.max_requests}")
+            raise RequestOverflowError(
+                f"{len(chunks)} requests in one step, max_requests is {self.max_requests}"
+            )
         total = sum(chunk.length for chunk in chunks)
         if total > self.max_tokens:
             raise TokenOverflowError(f"{total} tokens in one step, max_tokens is {self.max_tokens}")

@@ -52,7 +52,9 @@ class DynamicInferenceEngine:
     ):
         self.model = model.eval()
         model.parallel_output = False
-        self.context = context if context is not None else DynamicInferenceContext.from_model(model, **context_kwargs)
+        self.context = (
+            context if context is not None else DynamicInferenceContext.from_model(model, **context_kwargs)
+        )
         self.scheduler = Scheduler(self.context)
         self.vocab_size = model.vocab_size
         self.tokenizer = tokenizer
@@ -118,10 +120,13 @@ class DynamicInferenceEngine:
             raise InvalidRequestError("prompt", "must hold at least one token")
         outside = [t for t in prompt if not 0 <= t < self.vocab_size]
         if outside:
-            raise InvalidRequestError("prompt", f"token ids must be in [0, {self.vocab_size}), got {outside[:8]}")
+            raise InvalidRequestError(
+                "prompt", f"token ids must be in [0, {self.vocab_size}), got {outside[:8]}"
+            )
         if params.num_tokens_total is not None and params.num_tokens_total <= len(prompt):
             raise InvalidRequestError(
-                "num_tokens_total", f"must exceed the prompt length {len(prompt)}, got {params.num_tokens_total}"
+                "num_tokens_total",
+                f"must exceed the prompt length {len(prompt)}, got {params.num_tokens_total}",
             )
         if params.stop_strings and self.tokenizer is None:
             raise InvalidRequestError("stop_strings", "need an engine with a tokenizer")
@@ -145,7 +150,9 @@ class DynamicInferenceEngine:
             try:
                 input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
                 with torch.inference_mode():
-                    logits = self.model(input_ids, position_ids=position_ids, inference_context=self.context)[0]
+                    logits = self.model(input_ids, position_ids=position_ids, inference_context=self.context)[
+                        0
+                    ]
             except Exception as error:  # a failed forward: recompute these requests, a few times
                 return self._retry(chunks, error)
             return self._advance(chunks, logits, logits_slices)
@@ -274,7 +281,9 @@ class DynamicInferenceEngine:
 
     # ----------------------------------------------------------------- blocking and async use
     def generate(
-        self, prompts: Sequence[Sequence[int] | str], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
+        self,
+        prompts: Sequence[Sequence[int] | str],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[Request]:
         """Add ``prompts`` (one ``SamplingParams`` for all, or one each) and step until all are done."""
         params = self._params_per_prompt(prompts, sampling_params)
@@ -316,7 +325,9 @@ class DynamicInferenceEngine:
             if output.finished:
                 return
 
-    async def generate_async(self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None) -> Request:
+    async def generate_async(
+        self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
+    ) -> Request:
         """Await the finished ``Request`` of ``prompt`` (see ``stream``)."""
         output = None
         async for output in self.stream(prompt, sampling_params):

@@ -24,6 +24,7 @@ class Scheduler:
         self.allocator = context.allocator
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
+        self.prefix_cache_hit_tokens = 0  # prompt tokens served from the prefix cache so far
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.active)
@@ -82,6 +83,7 @@ class Scheduler:
         blocks, hashes = self.allocator.match_prefix(request.tokens, max_blocks)
         request.block_ids, request.block_hashes = blocks, hashes
         request.num_computed_tokens = len(blocks) * self.context.block_size
+        self.prefix_cache_hit_tokens += request.num_computed_tokens
 
     def _reserve_blocks(self, request: Request, num_tokens: int, scheduled: set[int]) -> bool:
         """Give ``request`` blocks for ``num_tokens``, preempting others; ``False`` if it was preempted itself."""
