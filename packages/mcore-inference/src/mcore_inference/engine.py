@@ -329,10 +329,10 @@ class DynamicInferenceEngine:
         self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
     ) -> Request:
         """Await the finished ``Request`` of ``prompt`` (see ``stream``)."""
-        output = None
         async for output in self.stream(prompt, sampling_params):
-            pass
-        return output.request
+            if output.finished:
+                return output.request
+        raise AssertionError("a stream always ends with a finished output")
 
     def _ensure_driver(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._driver is None or self._driver.done() or self._driver.get_loop() is not loop:
