@@ -101,3 +101,9 @@ def build_engine(model, blocks=64, block_size=4, **kwargs):
 @pytest.fixture
 def make_engine():
     return build_engine
+
+
+@pytest.fixture
+def model_builder():
+    """``build_model(variant, groups, seed, tp)`` for bodies that set up their own groups."""
+    return build_model

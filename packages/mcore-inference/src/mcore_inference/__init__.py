@@ -4,6 +4,7 @@ data-parallel engines and an OpenAI-compatible HTTP server."""
 from importlib.metadata import version as _version
 
 from mcore_inference.block_allocator import BlockAllocator, block_hash
+from mcore_inference.buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
 from mcore_inference.context import DynamicInferenceContext, ScheduledChunk
 from mcore_inference.engine import DynamicInferenceEngine
 from mcore_inference.errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "DynamicInferenceContext",
     "DynamicInferenceEngine",
     "EngineShutdownError",
+    "InferenceBatchDimensions",
     "InferenceError",
     "InvalidRequestError",
     "MaxSequenceLengthOverflowError",
@@ -47,7 +49,9 @@ __all__ = [
     "TokenOverflowError",
     "__version__",
     "block_hash",
+    "build_batch_buckets",
     "filter_logits",
+    "match_bucket",
     "paged_attention",
     "sample",
 ]
