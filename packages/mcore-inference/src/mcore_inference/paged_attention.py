@@ -23,25 +23,30 @@ def paged_attention(
     ``key_slots [B, L]``: the cache slot of each sequence's key at positions ``0 .. L - 1``
     (any valid slot past a sequence's end: a query at position ``p`` sees keys ``<= p`` only,
     and ``p - j < window_size`` with a window). ``sink_logits [n]`` join each softmax
-    denominator. Scores and softmax are float32. Returns ``[B, Q, n * d]``.
+    denominator (computed in float32; without sinks PyTorch's fused attention does the work).
+    Returns ``[B, Q, n * d]``.
     """
     batch, num_queries, num_heads, head_dim = query.shape
     groups = key_cache.shape[1]
-    per_group = num_heads // groups
-    keys = key_cache[key_slots].permute(0, 2, 3, 1).unsqueeze(2)  # [B, g, 1, d, L]
-    values = value_cache[key_slots].permute(0, 2, 1, 3).unsqueeze(2)  # [B, g, 1, L, d]
-    q = query.view(batch, num_queries, groups, per_group, head_dim).permute(0, 2, 3, 1, 4)  # [B, g, r, Q, d]
-    scores = torch.matmul(q, keys).float() * scale  # [B, g, r, Q, L]
-    key_positions = torch.arange(key_slots.shape[1], device=query.device)
-    distance = query_positions[:, :, None] - key_positions  # [B, Q, L]
+    length = key_slots.shape[1]
+    flat_slots = key_slots.reshape(-1)
+    keys = key_cache.index_select(0, flat_slots).view(batch, length, groups, head_dim).transpose(1, 2)
+    values = value_cache.index_select(0, flat_slots).view(batch, length, groups, head_dim).transpose(1, 2)
+    distance = query_positions[:, :, None] - torch.arange(length, device=query.device)  # [B, Q, L]
     allowed = distance >= 0
     if window_size is not None:
         allowed &= distance < window_size
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    q = query.transpose(1, 2)  # [B, n, Q, d]
     if sink_logits is None:
-        probs = torch.softmax(scores, dim=-1)
+        context = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=allowed[:, None], scale=scale, enable_gqa=True
+        )
     else:
-        sinks = sink_logits.float().view(1, groups, per_group, 1, 1).expand(*scores.shape[:-1], 1)
+        per_group = num_heads // groups
+        keys, values = keys.repeat_interleave(per_group, 1), values.repeat_interleave(per_group, 1)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale  # [B, n, Q, L]
+        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        sinks = sink_logits.float().view(1, num_heads, 1, 1).expand(*scores.shape[:-1], 1)
         probs = torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
-    context = torch.matmul(probs.to(values.dtype), values)  # [B, g, r, Q, d]
-    return context.permute(0, 3, 1, 2, 4).reshape(batch, num_queries, num_heads * head_dim)
+        context = torch.matmul(probs.to(values.dtype), values)
+    return context.transpose(1, 2).reshape(batch, num_queries, num_heads * head_dim)
