@@ -63,7 +63,9 @@ def run_mcore(directory: Path, requests) -> float:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     model = import_hf_checkpoint(directory, pg_collection=ProcessGroupCollection(tp=dist.new_group([0])))
     model.to(torch.bfloat16)
-    engine = DynamicInferenceEngine(model, kv_cache_memory=2 << 30, block_size=16, max_requests=64, max_tokens=512)
+    engine = DynamicInferenceEngine(
+        model, kv_cache_memory=2 << 30, block_size=16, max_requests=64, max_tokens=512
+    )
     engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, num_tokens_to_generate=2))  # warm-up
     start = time.perf_counter()
     done = engine.generate(
@@ -93,7 +95,12 @@ def run_hf(directory: Path, requests, batch_size: int) -> float:
         new = max(n for _, n in batch)  # a static batch runs until its longest request is done
         with torch.no_grad():
             model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
             )
         generated += sum(n for _, n in batch)  # only the tokens each request asked for count
     return generated / (time.perf_counter() - start)
@@ -147,7 +154,9 @@ def main() -> None:
             results["vllm_tokens_per_s"] = json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
         else:
             results["vllm_tokens_per_s"] = None
-            results["vllm_skipped"] = "set MCORE_BENCH_VLLM_PYTHON to the python of an environment with vLLM (CPU build)"
+            results["vllm_skipped"] = (
+                "set MCORE_BENCH_VLLM_PYTHON to the python of an environment with vLLM (CPU build)"
+            )
     results["mcore_over_hf"] = results["mcore_tokens_per_s"] / results["hf_tokens_per_s"]
     vllm = results["vllm_tokens_per_s"]
     results["mcore_over_vllm"] = results["mcore_tokens_per_s"] / vllm if vllm else None

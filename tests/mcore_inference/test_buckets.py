@@ -31,7 +31,11 @@ def test_every_real_batch_gets_the_smallest_fitting_bucket():
             batch = Dims(tokens, prefill, decode)
             bucket = match_bucket(batch, buckets)
             assert bucket is not None and bucket.fits(batch)
-            smaller = [b for b in buckets if b.fits(batch) and (b.token_count, b.req_count) < (bucket.token_count, bucket.req_count)]
+            smaller = [
+                b
+                for b in buckets
+                if b.fits(batch) and (b.token_count, b.req_count) < (bucket.token_count, bucket.req_count)
+            ]
             assert not smaller
     assert match_bucket(Dims(5, 0, 5), buckets) == Dims(8, 0, 8)
     assert match_bucket(Dims(20, 1, 3), buckets) == Dims(32, 2, 6)

@@ -35,8 +35,13 @@ def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, promp
     from mcore_models import import_hf_checkpoint
 
     common = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     )
     if family == "llama":
         config = transformers.LlamaConfig(**common)
@@ -50,5 +55,7 @@ def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, promp
     prompts = prompts_factory(3, 3, 15, seed=41)
     requests = make_engine(model, max_tokens=8).generate(prompts, GREEDY)
     for prompt, request in zip(prompts, requests, strict=True):
-        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        expected = hf_model.generate(
+            torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6
+        )
         assert request.generated_tokens == oracle(model, prompt, 6) == expected[0, len(prompt) :].tolist()

@@ -33,7 +33,9 @@ def test_sample_mixes_greedy_and_seeded_rows_and_reports_untempered_logprobs():
     reference = torch.log_softmax(logits, -1)
     assert out.logprobs == pytest.approx([float(reference[i, t]) for i, t in enumerate(out.tokens)], abs=1e-6)
     top = reference[0].topk(3)
-    assert out.top_logprobs[0] == pytest.approx(dict(zip(top.indices.tolist(), top.values.tolist(), strict=True)))
+    assert out.top_logprobs[0] == pytest.approx(
+        dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    )
     assert out.top_logprobs[1] == {}
 
 

@@ -17,7 +17,7 @@ from mcore_inference.errors import (
     RequestOverflowError,
     TokenOverflowError,
 )
-from mcore_inference.paged_attention import paged_attention
+from mcore_inference.attention import paged_attention
 from mcore_inference.request import Request, RequestEvent, RequestEventType, RequestOutput, RequestStatus
 from mcore_inference.sampler import SampledTokens, filter_logits, sample
 from mcore_inference.sampling_params import SamplingParams

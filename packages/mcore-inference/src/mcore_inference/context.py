@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from .block_allocator import BlockAllocator
 from .errors import MaxSequenceLengthOverflowError, RequestOverflowError, TokenOverflowError
-from .paged_attention import paged_attention
+from .attention import paged_attention
 
 if TYPE_CHECKING:
     from .request import Request
