@@ -33,7 +33,7 @@ MODEL = dict(
 
 
 def workload(count: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """``count`` (prompt, output length) pairs: prompts of 32–256 tokens, outputs of 32–128."""
+    """``count`` (prompt, output length) pairs: prompts of 32-256 tokens, outputs of 32-128."""
     import random
 
     rng = random.Random(seed)

@@ -3,6 +3,7 @@ data-parallel engines and an OpenAI-compatible HTTP server."""
 
 from importlib.metadata import version as _version
 
+from mcore_inference.attention import paged_attention
 from mcore_inference.block_allocator import BlockAllocator, block_hash
 from mcore_inference.buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
 from mcore_inference.context import DynamicInferenceContext, ScheduledChunk
@@ -17,7 +18,6 @@ from mcore_inference.errors import (
     RequestOverflowError,
     TokenOverflowError,
 )
-from mcore_inference.attention import paged_attention
 from mcore_inference.request import Request, RequestEvent, RequestEventType, RequestOutput, RequestStatus
 from mcore_inference.sampler import SampledTokens, filter_logits, sample
 from mcore_inference.sampling_params import SamplingParams

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.distributed as dist
 
+from .attention import paged_attention
 from .block_allocator import BlockAllocator
 from .errors import MaxSequenceLengthOverflowError, RequestOverflowError, TokenOverflowError
-from .attention import paged_attention
 
 if TYPE_CHECKING:
     from .request import Request
