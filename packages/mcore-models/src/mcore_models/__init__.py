@@ -13,6 +13,7 @@ from mcore_models.models.gpt.model import GPTModel
 from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from mcore_models.transformer.block import TransformerBlock
 from mcore_models.transformer.core_attention import DotProductAttention
+from mcore_models.transformer.inference_context import InferenceContext
 from mcore_models.transformer.layer import TransformerLayer, TransformerLayerSubmodules
 from mcore_models.transformer.mlp import MLP, MLPSubmodules
 from mcore_models.transformer.packed_seq import PackedSeqParams
@@ -30,6 +31,7 @@ __all__ = [
     "DotProductAttention",
     "GPTModel",
     "HFMapping",
+    "InferenceContext",
     "LanguageModelEmbedding",
     "MLPSubmodules",
     "ModuleSpec",

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from mcore_parallel import checkpoint
 
 from ..config.transformer_config import TransformerConfig
+from .inference_context import InferenceContext
 from .init import init_method, output_init_method
 from .rope import apply_rotary
 from .spec import build_module
@@ -94,6 +95,7 @@ class SelfAttention(torch.nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         segment_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         mixed, _ = self.linear_qkv(hidden_states)
         query, key, value = self.split_qkv(mixed)
@@ -104,7 +106,9 @@ class SelfAttention(torch.nn.Module):
         if rotary is not None:
             cos, sin = rotary
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        if self.config.recompute_granularity == "selective" and self.training:
+        if inference_context is not None:
+            context = self.core_attention(query, key, value, inference_context=inference_context)
+        elif self.config.recompute_granularity == "selective" and self.training:
             context = checkpoint(self.core_attention, query, key, value, segment_ids, attention_mask)
         else:
             context = self.core_attention(query, key, value, segment_ids, attention_mask)

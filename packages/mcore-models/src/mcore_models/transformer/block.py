@@ -7,6 +7,7 @@ import torch.distributed as dist
 from mcore_parallel import checkpoint
 
 from ..config.transformer_config import TransformerConfig
+from .inference_context import InferenceContext
 from .norm import build_norm
 from .spec import ModuleSpec, build_module
 
@@ -65,13 +66,17 @@ class TransformerBlock(torch.nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         segment_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         if hidden_states is None:
             hidden_states = self.input_tensor
         cos, sin = rotary if rotary is not None else (None, None)
         context = (cos, sin, segment_ids, attention_mask)
         config, count = self.config, len(self.layers)
-        if config.recompute_granularity == "full" and self.training:
+        if inference_context is not None:
+            for layer in self.layers:
+                hidden_states = layer(hidden_states, rotary, inference_context=inference_context)
+        elif config.recompute_granularity == "full" and self.training:
             step = config.recompute_num_layers
             if config.recompute_method == "uniform":
                 for start in range(0, count, step):

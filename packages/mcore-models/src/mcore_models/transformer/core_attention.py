@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ..config.transformer_config import TransformerConfig
 from .attention_mask import allowed_keys
+from .inference_context import InferenceContext
 from .rng import tensor_parallel_rng
 
 
@@ -48,6 +49,14 @@ class DotProductAttention(torch.nn.Module):
         else:
             self.softmax_offset = None
 
+    def sink_logits(self, num_heads: int, device: torch.device) -> torch.Tensor | None:
+        """Float32 sink logit per head ``[num_heads]`` (zeros for off-by-one), ``None`` for vanilla softmax."""
+        if self.config.softmax_type == "vanilla":
+            return None
+        if self.config.softmax_type == "off-by-one":
+            return torch.zeros(num_heads, device=device)
+        return self.softmax_offset.float()
+
     def forward(
         self,
         query: torch.Tensor,
@@ -55,8 +64,20 @@ class DotProductAttention(torch.nn.Module):
         value: torch.Tensor,
         segment_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         s, b, n, d = query.shape
+        if inference_context is not None:  # one flattened row: the context attends over its cache
+            context = inference_context.attend(
+                self.layer_number,
+                query[:, 0],
+                key[:, 0],
+                value[:, 0],
+                scale=self.scale,
+                window_size=self.window_size,
+                sink_logits=self.sink_logits(n, query.device),
+            )
+            return context.unsqueeze(1)
         repeats = n // key.shape[2]
         q = query.permute(1, 2, 0, 3)
         k = key.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
@@ -66,12 +87,8 @@ class DotProductAttention(torch.nn.Module):
         if attention_mask is not None:
             allowed = allowed & ~attention_mask
         scores = scores.masked_fill(~allowed, float("-inf"))
-        if self.config.softmax_type == "vanilla":
-            probs = torch.softmax(scores, dim=-1)
-        elif self.config.softmax_type == "off-by-one":
-            probs = sink_softmax(scores, scores.new_zeros(n))
-        else:
-            probs = sink_softmax(scores, self.softmax_offset.float())
+        sinks = self.sink_logits(n, scores.device)
+        probs = torch.softmax(scores, dim=-1) if sinks is None else sink_softmax(scores, sinks)
         probs = probs.to(v.dtype)
         if self.training and self.dropout.p > 0:
             with tensor_parallel_rng(self.tp_group):

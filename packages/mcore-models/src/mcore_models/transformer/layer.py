@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..config.transformer_config import TransformerConfig
+from .inference_context import InferenceContext
 from .rng import tensor_parallel_rng
 from .spec import build_module
 
@@ -66,9 +67,14 @@ class TransformerLayer(torch.nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         segment_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         attention = self.self_attention(
-            self.input_layernorm(hidden_states), rotary, segment_ids, attention_mask
+            self.input_layernorm(hidden_states),
+            rotary,
+            segment_ids,
+            attention_mask,
+            inference_context=inference_context,
         )
         hidden_states = hidden_states + self._dropout(attention)
         return hidden_states + self._dropout(self.mlp(self.pre_mlp_layernorm(hidden_states)))

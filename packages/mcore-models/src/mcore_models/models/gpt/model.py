@@ -13,6 +13,7 @@ from mcore_parallel import (
 
 from ...config.transformer_config import TransformerConfig
 from ...transformer.block import TransformerBlock
+from ...transformer.inference_context import InferenceContext
 from ...transformer.init import init_method
 from ...transformer.packed_seq import PackedSeqParams, segments_from_position_ids
 from ...transformer.process_groups import resolve_process_groups
@@ -107,10 +108,17 @@ class GPTModel(torch.nn.Module):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         packed_seq_params: PackedSeqParams | None = None,
+        inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         """``input_ids [b, s]``; ``position_ids [b, s]`` (restarts mark packed documents);
         ``attention_mask`` boolean ``[b, 1, s, s]``, ``True`` = masked (on top of causal);
-        ``packed_seq_params`` for a one-row packed batch; ``labels [b, s]``."""
+        ``packed_seq_params`` for a one-row packed batch; ``labels [b, s]``.
+
+        With ``inference_context`` (see ``InferenceContext``) the batch is one flattened row of
+        new tokens with their ``position_ids``, attention runs over the context's cache, and the
+        logits are those of the rows ``inference_context.logits_indices``."""
+        if inference_context is not None:
+            return self._inference_forward(input_ids, position_ids, inference_context)
         batch, seq_length = input_ids.shape
         segment_ids = None
         if packed_seq_params is not None:
@@ -133,3 +141,20 @@ class GPTModel(torch.nn.Module):
         if not self.parallel_output:
             logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
         return logits.transpose(0, 1).contiguous()
+
+    def _inference_forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, inference_context: InferenceContext
+    ) -> torch.Tensor:
+        if self.config.sequence_parallel:
+            raise ValueError("inference_context does not support sequence_parallel=True")
+        hidden = self.embedding(input_ids, position_ids) if self.embedding is not None else None
+        rotary = self.rotary_pos_emb(position_ids) if self.rotary_pos_emb is not None else None
+        hidden = self.decoder(hidden, rotary, inference_context=inference_context)
+        if not self.post_process:
+            return hidden
+        if inference_context.logits_indices is not None:
+            hidden = hidden[inference_context.logits_indices]
+        logits, _ = self.output_layer(hidden)  # [k, 1, v / tp]
+        if not self.parallel_output:
+            logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
+        return logits.transpose(0, 1)

@@ -1,0 +1,380 @@
+"""The in-process engine: requests in, one mixed prefill/decode forward per step, tokens out."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .context import DynamicInferenceContext, ScheduledChunk
+from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError
+from .request import Request, RequestEventType, RequestOutput, RequestStatus
+from .sampler import sample
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+OutputCallback = Callable[[RequestOutput], None]
+
+
+class DynamicInferenceEngine:
+    """Continuous batching over a paged KV cache for an ``mcore_models.GPTModel``.
+
+    ``add_request`` queues a prompt (token ids, or text with ``tokenizer``) and returns its
+    ``Request``, whose ``result()`` blocks until it is done. Each ``step()`` schedules decodes,
+    then prefill chunks within the token budget, runs one forward over the mixed batch and samples
+    every request that reached the end of its tokens. ``generate`` steps until a list of prompts is
+    done; ``stream``/``generate_async`` do the same from a running asyncio loop, stepping in a
+    worker thread. A request that cannot be served fails alone with a non-transient error event.
+
+    The model is put in eval mode with ``parallel_output = False`` (full-vocabulary logits on
+    every tensor-parallel rank; sampled tokens are broadcast from the first rank of the group).
+    ``context`` defaults to ``DynamicInferenceContext.from_model(model, **context_kwargs)``.
+    The end-of-sequence id is ``eos_token_id``, else the tokenizer's ``eod_id``, else none.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        context: DynamicInferenceContext | None = None,
+        *,
+        tokenizer: Any | None = None,
+        eos_token_id: int | None = None,
+        seed: int = 0,
+        max_transient_retries: int = 2,
+        **context_kwargs: Any,
+    ):
+        self.model = model.eval()
+        model.parallel_output = False
+        self.context = (
+            context if context is not None else DynamicInferenceContext.from_model(model, **context_kwargs)
+        )
+        self.scheduler = Scheduler(self.context)
+        self.vocab_size = model.vocab_size
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eod_id", None)
+        self.max_transient_retries = max_transient_retries
+        tp_group = getattr(model, "tp_group", None)
+        self._tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
+        self._generator = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._incoming: deque[Request] = deque()  # appended from any thread, drained by step()
+        self._callbacks: dict[int, OutputCallback] = {}
+        self._retries: dict[int, int] = {}
+        self._lock = threading.RLock()
+        self._driver: asyncio.Task | None = None
+        self._suspended = False
+        self._shutdown = False
+        self.step_count = 0
+
+    # ----------------------------------------------------------------- requests
+    def add_request(
+        self,
+        prompt: Sequence[int] | str,
+        sampling_params: SamplingParams | None = None,
+        *,
+        on_output: OutputCallback | None = None,
+    ) -> Request:
+        """Queue ``prompt``; ``on_output`` is called (from the stepping thread) with every new
+        token and once when the request finishes. An invalid request is returned already failed."""
+        if self._shutdown:
+            raise EngineShutdownError("the engine was shut down")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        text = prompt if isinstance(prompt, str) else None
+        request = Request(next(self._ids), [], params, prompt_text=text)
+        request.add_event(RequestEventType.ADD)
+        if on_output is not None:
+            self._callbacks[request.request_id] = on_output
+        try:
+            request.prompt_tokens = self._tokenize(prompt)
+            request.tokens = list(request.prompt_tokens)
+            self._validate(request)
+        except (InvalidRequestError, MaxSequenceLengthOverflowError) as error:
+            self._fail(request, f"{type(error).__name__}: {error}")
+            return request
+        if params.prompt_logprobs:
+            request.prompt_logprobs = [None]  # the first token has no context
+        request.generator = (
+            torch.Generator().manual_seed(params.seed) if params.seed is not None else self._generator
+        )
+        self._incoming.append(request)
+        return request
+
+    def _tokenize(self, prompt: Sequence[int] | str) -> list[int]:
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if self.tokenizer is None:
+            raise InvalidRequestError("prompt", "a text prompt needs an engine with a tokenizer")
+        return list(self.tokenizer.encode(prompt))
+
+    def _validate(self, request: Request) -> None:
+        params, prompt = request.sampling_params, request.prompt_tokens
+        params.validate(self.vocab_size)
+        if not prompt:
+            raise InvalidRequestError("prompt", "must hold at least one token")
+        outside = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                "prompt", f"token ids must be in [0, {self.vocab_size}), got {outside[:8]}"
+            )
+        if params.num_tokens_total is not None and params.num_tokens_total <= len(prompt):
+            raise InvalidRequestError(
+                "num_tokens_total",
+                f"must exceed the prompt length {len(prompt)}, got {params.num_tokens_total}",
+            )
+        if params.stop_strings and self.tokenizer is None:
+            raise InvalidRequestError("stop_strings", "need an engine with a tokenizer")
+        self.context.check_sequence_length(params.max_total_length(len(prompt)))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._incoming) or self.scheduler.has_work()
+
+    # ----------------------------------------------------------------- stepping
+    def step(self) -> list[Request]:
+        """Run one forward over the next batch; return the requests that finished in it."""
+        with self._lock:
+            while self._incoming:
+                self.scheduler.add(self._incoming.popleft())
+            if self._suspended or self._shutdown:
+                return []
+            chunks = self.scheduler.schedule()
+            if not chunks:
+                return []
+            self.step_count += 1
+            try:
+                input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
+                with torch.inference_mode():
+                    logits = self.model(input_ids, position_ids=position_ids, inference_context=self.context)[
+                        0
+                    ]
+            except Exception as error:  # a failed forward: recompute these requests, a few times
+                return self._retry(chunks, error)
+            return self._advance(chunks, logits, logits_slices)
+
+    def _retry(self, chunks: Sequence[ScheduledChunk], error: Exception) -> list[Request]:
+        failed = []
+        for chunk in chunks:
+            request = chunk.request
+            count = self._retries[request.request_id] = self._retries.get(request.request_id, 0) + 1
+            message = f"{type(error).__name__}: {error}"
+            if count > self.max_transient_retries:
+                self._fail(request, f"{message} (after {count - 1} retries)")
+                failed.append(request)
+            else:
+                request.add_event(RequestEventType.ERROR_TRANSIENT, message)
+                self.scheduler.preempt(request)
+        return failed
+
+    def _advance(
+        self, chunks: Sequence[ScheduledChunk], logits: torch.Tensor, logits_slices: Sequence[slice]
+    ) -> list[Request]:
+        finished: list[Request] = []
+        to_sample: list[tuple[Request, torch.Tensor]] = []
+        for chunk, rows in zip(chunks, logits_slices, strict=True):
+            request = chunk.request
+            if chunk.logits == "all":
+                self._record_prompt_logprobs(chunk, logits[rows])
+            request.num_computed_tokens = chunk.end
+            self.scheduler.register_full_blocks(request)
+            if chunk.end < len(request.tokens):
+                continue
+            if len(request.tokens) >= request.sampling_params.max_total_length(len(request.prompt_tokens)):
+                self._complete(request, "length")  # nothing to generate (num_tokens_to_generate=0)
+                finished.append(request)
+            else:
+                to_sample.append((request, logits[rows.stop - 1]))
+        if not to_sample:
+            return finished
+        requests = [r for r, _ in to_sample]
+        sampled = sample(
+            torch.stack([row for _, row in to_sample]),
+            [r.sampling_params for r in requests],
+            [r.generator for r in requests],
+        )
+        tokens = self._agree_on_tokens(sampled.tokens)
+        now = time.time()
+        for i, request in enumerate(requests):
+            token = tokens[i]
+            request.tokens.append(token)
+            request.generated_tokens.append(token)
+            request.token_timestamps.append(now)
+            if request.sampling_params.logprobs:
+                request.generated_logprobs.append(sampled.logprobs[i])
+            if request.sampling_params.top_n_logprobs:
+                request.generated_top_logprobs.append(sampled.top_logprobs[i])
+            if len(request.generated_tokens) == 1:
+                request.add_event(RequestEventType.FIRST_TOKEN)
+            reason = self._stop_reason(request, token)
+            if reason is None:
+                self._emit(request, [token])
+            else:
+                self._complete(request, reason, [token])
+                finished.append(request)
+        return finished
+
+    def _agree_on_tokens(self, tokens: list[int]) -> list[int]:
+        if self._tp_group is None:
+            return tokens
+        tensor = torch.tensor(tokens, dtype=torch.long)
+        dist.broadcast(tensor, src=dist.get_global_rank(self._tp_group, 0), group=self._tp_group)
+        return tensor.tolist()
+
+    def _record_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
+        request = chunk.request
+        prompt = request.prompt_tokens
+        targets = range(chunk.start + 1, min(chunk.end + 1, len(prompt)))
+        if not targets or len(request.prompt_logprobs) != targets.start:  # recomputed after preemption
+            return
+        logprobs = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
+        index = torch.tensor([prompt[t] for t in targets], device=logprobs.device).unsqueeze(1)
+        request.prompt_logprobs.extend(logprobs.gather(1, index).squeeze(1).tolist())
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        params = request.sampling_params
+        if token in params.stop_token_ids:
+            return "stop_token"
+        if not params.ignore_eos and token == self.eos_token_id:
+            return "eos"
+        if params.stop_strings:
+            text = self.tokenizer.decode(request.generated_tokens)
+            cuts = [text.find(s) for s in params.stop_strings if s in text]
+            if cuts:
+                request.generated_text = text[: min(cuts)]
+                return "stop_string"
+        if len(request.tokens) >= params.max_total_length(len(request.prompt_tokens)):
+            return "length"
+        return None
+
+    def _emit(self, request: Request, new_tokens: list[int]) -> None:
+        callback = self._callbacks.get(request.request_id)
+        if callback is not None:
+            callback(RequestOutput(request, new_tokens, request.finished))
+
+    def _close(self, request: Request, new_tokens: list[int]) -> None:
+        self.scheduler.finish(request)
+        self._retries.pop(request.request_id, None)
+        self._emit(request, new_tokens)
+        self._callbacks.pop(request.request_id, None)
+        request.future.set_result(request)
+
+    def _complete(self, request: Request, reason: str, new_tokens: Sequence[int] = ()) -> None:
+        request.status = RequestStatus.COMPLETED
+        request.finish_reason = reason
+        if self.tokenizer is not None and request.generated_text is None:
+            request.generated_text = self.tokenizer.decode(request.generated_tokens)
+        request.add_event(RequestEventType.FINISH, reason)
+        self._close(request, list(new_tokens))
+
+    def _fail(self, request: Request, message: str) -> None:
+        request.status = RequestStatus.FAILED
+        request.finish_reason = "error"
+        request.error = message
+        request.add_event(RequestEventType.ERROR_NONTRANSIENT, message)
+        request.add_event(RequestEventType.FAIL, message)
+        self._close(request, [])
+
+    # ----------------------------------------------------------------- blocking and async use
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int] | str],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Request]:
+        """Add ``prompts`` (one ``SamplingParams`` for all, or one each) and step until all are done."""
+        params = self._params_per_prompt(prompts, sampling_params)
+        requests = [self.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
+        while not all(r.finished for r in requests):
+            if self._suspended:
+                raise RuntimeError("the engine is suspended; resume() it before generating")
+            self.step()
+        return requests
+
+    @staticmethod
+    def _params_per_prompt(prompts, sampling_params) -> list[SamplingParams | None]:
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * len(prompts)
+        return list(sampling_params)
+
+    async def stream(
+        self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield a ``RequestOutput`` per new token of ``prompt``, the last with ``finished=True``.
+
+        Must run inside an asyncio loop; steps happen in a worker thread driven by one task per
+        loop, so any number of streams (and calls over time) share the batch."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+        def deliver(output: RequestOutput) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, output)
+
+        request = self.add_request(prompt, sampling_params, on_output=deliver)
+        if request.finished:  # failed validation; its output was already delivered
+            yield await queue.get()
+            return
+        self._ensure_driver(loop)
+        while True:
+            output = await queue.get()
+            yield output
+            if output.finished:
+                return
+
+    async def generate_async(
+        self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
+    ) -> Request:
+        """Await the finished ``Request`` of ``prompt`` (see ``stream``)."""
+        async for output in self.stream(prompt, sampling_params):
+            if output.finished:
+                return output.request
+        raise AssertionError("a stream always ends with a finished output")
+
+    def _ensure_driver(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._driver is None or self._driver.done() or self._driver.get_loop() is not loop:
+            self._driver = loop.create_task(self._drive())
+
+    async def _drive(self) -> None:
+        while not self._shutdown and self.has_unfinished_requests():
+            if self._suspended:
+                await asyncio.sleep(0.01)
+            else:
+                await asyncio.to_thread(self.step)
+
+    # ----------------------------------------------------------------- suspend, resume, shutdown
+    def suspend(self) -> int:
+        """Free the KV cache, keeping every unfinished request (it is recomputed after ``resume``);
+        return the bytes freed. Steps do nothing while suspended."""
+        with self._lock:
+            if self._suspended:
+                return 0
+            while self._incoming:
+                self.scheduler.add(self._incoming.popleft())
+            for request in self.scheduler.requeue_all():
+                request.add_event(RequestEventType.PAUSE)
+            self._suspended = True
+            return self.context.deallocate()
+
+    def resume(self) -> None:
+        """Reallocate the KV cache; suspended requests continue in their original order."""
+        with self._lock:
+            if self._suspended:
+                self.context.allocate()
+                self._suspended = False
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    def shutdown(self) -> None:
+        """Refuse new requests and fail every unfinished one, which wakes its waiters and streams."""
+        self._shutdown = True
+        with self._lock:
+            while self._incoming:
+                self.scheduler.add(self._incoming.popleft())
+            for request in [*self.scheduler.active, *self.scheduler.waiting]:
+                self._fail(request, "EngineShutdownError: the engine was shut down")

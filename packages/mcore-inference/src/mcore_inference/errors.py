@@ -1,0 +1,39 @@
+"""Typed errors of the inference engine."""
+
+from __future__ import annotations
+
+
+class InferenceError(Exception):
+    """Base of every error raised by mcore-inference."""
+
+
+class ContextOverflowError(InferenceError):
+    """A step or a request does not fit the context's limits."""
+
+
+class RequestOverflowError(ContextOverflowError):
+    """More requests in one step than the context's ``max_requests``."""
+
+
+class TokenOverflowError(ContextOverflowError):
+    """More tokens in one step than the context's ``max_tokens``."""
+
+
+class BlockOverflowError(ContextOverflowError):
+    """Not enough free (or evictable) KV-cache blocks."""
+
+
+class MaxSequenceLengthOverflowError(ContextOverflowError):
+    """A sequence longer than the context's ``max_sequence_length``."""
+
+
+class InvalidRequestError(InferenceError, ValueError):
+    """A request that can never be served; ``field`` names the offending input."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class EngineShutdownError(InferenceError):
+    """The engine was shut down; it takes no more requests."""

@@ -1,0 +1,109 @@
+"""Tiny GPT models in a one-process group, and the full-recompute greedy oracle."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+VOCAB = 128
+VARIANTS = {
+    # GQA, RoPE, RMSNorm, swiglu, qk-norm, learned sinks, a window on the first layer
+    "llama-like": dict(
+        num_query_groups=2,
+        normalization="RMSNorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        add_bias_linear=False,
+        qk_layernorm=True,
+        softmax_type="learnable",
+        window_size=5,
+        window_attn_skip_freq=[1, 0],
+    ),
+    # learned absolute positions, LayerNorm with biases, off-by-one softmax
+    "gpt-like": dict(softmax_type="off-by-one", max_position_embeddings=256),
+}
+
+
+def build_model(variant="llama-like", groups=None, seed=0, tp=1):
+    from mcore_models import GPTModel, TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=96,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        **VARIANTS[variant],
+    )
+    torch.manual_seed(seed)
+    model = GPTModel(config, VOCAB, pg_collection=groups).eval()
+    with torch.no_grad():  # non-zero sinks, so they matter
+        for name, p in model.named_parameters():
+            if name.endswith("softmax_offset"):
+                p.copy_(torch.linspace(-1.0, 1.0, p.numel()))
+    return model
+
+
+def greedy_oracle(model, prompt, num_tokens):
+    """Full-recompute greedy decode: the whole sequence through ``model`` for every new token."""
+    tokens = list(prompt)
+    parallel_output, model.parallel_output = model.parallel_output, False
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+    model.parallel_output = parallel_output
+    return tokens[len(prompt) :]
+
+
+def random_prompts(count, low, high, seed, vocab=VOCAB):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+@pytest.fixture
+def groups():
+    """A one-process gloo world (torn down after the test, so forked ranks start clean)."""
+    from mcore_parallel import ProcessGroupCollection
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield ProcessGroupCollection(tp=dist.new_group([0]))
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def make_model(groups):
+    return lambda variant="llama-like", seed=0: build_model(variant, groups, seed)
+
+
+@pytest.fixture
+def oracle():
+    return greedy_oracle
+
+
+@pytest.fixture
+def prompts_factory():
+    return random_prompts
+
+
+def build_engine(model, blocks=64, block_size=4, **kwargs):
+    """An engine whose cache holds exactly ``blocks`` blocks (fp32 cache of this rank's heads)."""
+    import torch.distributed as dist
+    from mcore_inference import DynamicInferenceEngine
+
+    config = model.config
+    kv_heads = config.num_query_groups // dist.get_world_size(model.tp_group)
+    per_block = 2 * len(model.decoder.layers) * block_size * kv_heads * config.kv_channels * 4
+    return DynamicInferenceEngine(model, kv_cache_memory=blocks * per_block, block_size=block_size, **kwargs)
+
+
+@pytest.fixture
+def make_engine():
+    return build_engine
+
+
+@pytest.fixture
+def model_builder():
+    """``build_model(variant, groups, seed, tp)`` for bodies that set up their own groups."""
+    return build_model
