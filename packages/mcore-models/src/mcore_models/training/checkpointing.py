@@ -25,23 +25,43 @@ def _partition_dim(param: torch.Tensor) -> int | None:
     return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
 
 
+def _add_sharded(
+    state: dict, key: str, tensor: torch.Tensor, param: torch.Tensor, tp_group: dist.ProcessGroup
+) -> None:
+    """``state[key]``: ``tensor`` described as its TP shard of the global tensor.
+
+    A gated MLP's fc1 shard holds ``[its gate rows; its up rows]``, not a contiguous slice of the
+    global ``[gate; up]``, so the two halves are stored as ``key.gate`` and ``key.up``, each a
+    contiguous slice of its own global half."""
+    dim = _partition_dim(param)
+    if dim is not None and getattr(param, "gated_halves", False):
+        gate, up = tensor.chunk(2, dim=dim)
+        state[f"{key}.gate"] = sharded_tensor(gate, tp_group, dim)
+        state[f"{key}.up"] = sharded_tensor(up, tp_group, dim)
+    else:
+        state[key] = sharded_tensor(tensor, tp_group, dim)
+
+
 def training_state_dict(
-    model: TrainModel, optimizer, tp_group: dist.ProcessGroup, with_optimizer: bool = True
+    model: TrainModel,
+    optimizer,
+    tp_group: dist.ProcessGroup,
+    with_optimizer: bool = True,
+    param_states: dict | None = None,
 ) -> dict[str, torch.Tensor]:
-    """This rank's part of the checkpoint; loading into it fills the model (and optimizer views)."""
+    """This rank's part of the checkpoint. Its tensors are views of the parameters and of
+    ``param_states`` (default ``optimizer.param_states()``), so loading into it fills them."""
+    state: dict[str, torch.Tensor] = {}
     named = [(model.global_parameter_name(n), p) for n, p in model.container.named_parameters()]
-    state = {f"model.{g}": sharded_tensor(p.detach(), tp_group, _partition_dim(p)) for g, p in named}
+    for g, p in named:
+        _add_sharded(state, f"model.{g}", p.detach(), p, tp_group)
     if with_optimizer:
-        states = optimizer.param_states()
+        states = param_states if param_states is not None else optimizer.param_states()
         for g, p in named:
             for key, value in states[p].items():
-                state[f"optimizer.{g}.{key}"] = sharded_tensor(value, tp_group, _partition_dim(p))
+                _add_sharded(state, f"optimizer.{g}.{key}", value, p, tp_group)
         state["optimizer.step"] = torch.tensor(optimizer.step_count)
     return state
-
-
-def _local(value: torch.Tensor) -> torch.Tensor:
-    return value.to_local() if hasattr(value, "to_local") else value
 
 
 def save_training_checkpoint(
@@ -70,15 +90,10 @@ def load_training_checkpoint(
     Returns the iteration loaded and the saved history (empty when there is none).
     """
     with_optimizer = not checkpointer.config.no_load_optim
-    state = training_state_dict(model, optimizer, tp_group, with_optimizer)
+    states = optimizer.param_states() if with_optimizer else None
+    state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
     iteration = checkpointer.load(state)
-    if with_optimizer:
-        states = {}
-        for name, param in model.container.named_parameters():
-            g = model.global_parameter_name(name)
-            states[param] = {
-                key: _local(state[f"optimizer.{g}.{key}"]) for key in ("main", "exp_avg", "exp_avg_sq")
-            }
+    if with_optimizer:  # ``states`` now holds the loaded values
         optimizer.load_param_states(states, int(state["optimizer.step"]))
     else:  # fresh optimizer state on the loaded weights
         fresh = {

@@ -70,7 +70,7 @@ class SchedulerConfig:
     lr_decay_style: Literal["constant", "linear", "cosine", "WSD"] = config_field(
         "cosine", help="How the learning rate falls from its peak to min_lr after warm-up."
     )
-    lr_warmup_iters: int = config_field(30, minimum=0, help="Iterations of linear warm-up from 0 to lr.")
+    lr_warmup_iters: int = config_field(16, minimum=0, help="Iterations of linear warm-up from 0 to lr.")
     lr_decay_iters: int | None = config_field(
         None, minimum=1, help="Iteration at which the decay reaches min_lr (default: train_iters)."
     )
@@ -124,7 +124,7 @@ class DataConfig:
 class TrainingConfig:
     """Training: iterations, batch sizes, evaluation, output, launching and debugging switches."""
 
-    train_iters: int = config_field(300, minimum=1, help="Optimizer steps to train for (in total, resumes included).")
+    train_iters: int = config_field(160, minimum=1, help="Optimizer steps to train for (in total, resumes included).")
     micro_batch_size: int = config_field(4, minimum=1, help="Samples per micro-batch on one data-parallel rank.")
     global_batch_size: int | None = config_field(
         None,
@@ -134,7 +134,7 @@ class TrainingConfig:
     )
     seed: int = config_field(1234, help="Seed of the weights, the data order and dropout.")
     eval_interval: int | None = config_field(
-        100, minimum=1, help="Evaluate on held-out data every this many iterations (and always at the end)."
+        40, minimum=1, help="Evaluate on held-out data every this many iterations (and always at the end)."
     )
     eval_iters: int = config_field(4, minimum=1, help="Global batches of held-out data per evaluation.")
     output_dir: str = config_field(
