@@ -176,3 +176,21 @@ def _never_connect():
 def test_a_lasting_gloo_connection_failure_fails(run_distributed):
     with pytest.warns(UserWarning), pytest.raises(DistributedTestError, match="connectFullMesh"):
         run_distributed(_never_connect, 2)
+
+
+def _tensor_of_rank():
+    return torch.full((2, 3), float(dist.get_rank()))
+
+
+def test_tensors_come_back_by_value(run_distributed):
+    results = run_distributed(_tensor_of_rank, 2)
+    assert [result.tolist() for result in results] == [[[0.0] * 3] * 2, [[1.0] * 3] * 2]
+
+
+def _unpicklable():
+    return lambda: None
+
+
+def test_an_unpicklable_result_is_reported(run_distributed):
+    with pytest.raises(DistributedTestError, match="pickle"):
+        run_distributed(_unpicklable, 2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -73,7 +74,8 @@ def run_distributed(
             "touch CUDA only inside the body"
         )
     ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
-    if any(_GLOO_CONNECT_FAILURE in rank.failure for rank in ranks):
+    failed = [rank for rank in ranks if not rank.succeeded]
+    if failed and all(_GLOO_CONNECT_FAILURE in rank.failure for rank in failed):
         warnings.warn(f"gloo could not connect the ranks of {body!r}; running it once more", stacklevel=2)
         ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
     # The first rank to fail usually caused the others to fail: report it first.
@@ -174,7 +176,7 @@ class _Rank:
 
     def receive(self) -> None:
         try:
-            status, payload = self.conn.recv()
+            status, payload = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             self.failure = "exited without reporting a result"
         else:
@@ -240,9 +242,11 @@ def _run_rank(
                 rendezvous.join(rank)
                 result = body(*args, **kwargs)
                 rendezvous.leave()
-                sender.send(("ok", result))
+                # Plain pickle: tensors travel by value, not as shared memory that would vanish
+                # with this process.
+                sender.send_bytes(pickle.dumps(("ok", result)))
             except BaseException:
-                sender.send(("error", traceback.format_exc()))
+                sender.send_bytes(pickle.dumps(("error", traceback.format_exc())))
     except BaseException:
         exit_code = 1
     finally:

@@ -31,6 +31,7 @@ from mcore_parallel.distributed.data_parallel import DistributedDataParallel
 from mcore_parallel.distributed.grad_bucket import GradBucket
 from mcore_parallel.distributed.grad_buffer import ParamAndGradBuffer
 from mcore_parallel.optimizer.distributed_optimizer import DistributedOptimizer
+from mcore_parallel.optimizer.grad_norm import clip_grad_norm
 from mcore_parallel.parallel_state import destroy_model_parallel, initialize_model_parallel
 from mcore_parallel.pipeline_parallel.bridge import BridgeCommunicator
 from mcore_parallel.pipeline_parallel.multi_module import MultiModuleProcessGroups
@@ -119,6 +120,7 @@ __all__ = [
     "check_gradient",
     "checkpoint",
     "checkpoint_dir",
+    "clip_grad_norm",
     "config_field",
     "copy_to_tensor_model_parallel_region",
     "dataclass_from_args",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
@@ -12,6 +10,8 @@ from ..config.optimizer import OptimizerConfig
 from ..device import get_group_device
 from ..distributed.data_parallel import DistributedDataParallel
 from ..distributed.grad_bucket import GradBucket
+from ..process_groups.collection import ProcessGroupCollection
+from .grad_norm import all_reduce_grad_norm, counts_toward_grad_norm
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -20,14 +20,20 @@ class DistributedOptimizer:
     """ZeRO-1: each data-parallel rank owns a ``1/dp`` shard of every bucket and updates only that.
 
     The float32 main parameters and the Adam moments exist for the owned shard only. ``step()``
-    waits for the reduce-scattered gradients, clips them (``clip_grad``, norm over the data-parallel
-    group), runs Adam (``decoupled_weight_decay=False``) or AdamW, copies the shard into the model's
+    waits for the reduce-scattered gradients, clips them (``clip_grad``: the global norm of the
+    whole model, over the data-parallel group and, given ``process_groups``, over the tensor- and
+    pipeline-parallel ranks the model is split across), runs Adam (``decoupled_weight_decay=False``) or AdamW, copies the shard into the model's
     (e.g. bfloat16) parameters and all-gathers them. With ``optimizer_cpu_offload`` the first
     ``optimizer_offload_fraction`` of the shard elements keep their main parameters and state on
     the CPU. ``model`` must be built with ``use_distributed_optimizer=True``.
     """
 
-    def __init__(self, model: DistributedDataParallel, config: OptimizerConfig | None = None):
+    def __init__(
+        self,
+        model: DistributedDataParallel,
+        config: OptimizerConfig | None = None,
+        process_groups: ProcessGroupCollection | None = None,
+    ):
         if not model.config.use_distributed_optimizer:
             raise ConfigError(
                 ["use_distributed_optimizer"],
@@ -35,6 +41,7 @@ class DistributedOptimizer:
             )
         self.model = model
         self.config = config if config is not None else OptimizerConfig()
+        self.process_groups = process_groups
         self.buckets: list[GradBucket] = model.buckets
         total = sum(bucket.shard_numel for bucket in self.buckets)
         offload_budget = (
@@ -84,12 +91,18 @@ class DistributedOptimizer:
         return norm
 
     def _global_grad_norm(self) -> float:
-        device = get_group_device(self.model.dp_group)
-        squares = torch.zeros((), dtype=torch.float64, device=device)
-        for main in self.main_params:
-            squares += main.grad.double().square().sum().to(device)
-        dist.all_reduce(squares, group=self.model.dp_group)
-        return math.sqrt(squares.item())
+        """Norm of the whole model's gradient; each element counted once (see ``grad_norm``)."""
+        tp_group = self.process_groups.tp if self.process_groups is not None else None
+        squares = torch.zeros((), dtype=torch.float64)
+        for main, bucket in zip(self.main_params, self.buckets, strict=True):
+            shard_end = bucket.shard_start + bucket.shard_numel
+            for param, offset in bucket.param_offsets.items():
+                start, end = max(offset, bucket.shard_start), min(offset + param.numel(), shard_end)
+                if start < end and counts_toward_grad_norm(param, tp_group):
+                    owned = main.grad[start - bucket.shard_start : end - bucket.shard_start]
+                    squares += owned.double().square().sum().cpu()
+        model_parallel = self.process_groups.mp if self.process_groups is not None else None
+        return all_reduce_grad_norm(squares, [self.model.dp_group, model_parallel])
 
     def _publish_main_params(self) -> None:
         """Copy the main shards into the model parameters and all-gather them."""

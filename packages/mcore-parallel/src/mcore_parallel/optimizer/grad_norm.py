@@ -1,0 +1,67 @@
+"""The global gradient norm of a model split over tensor-, pipeline- and data-parallel ranks.
+
+Every gradient element of the whole model is counted exactly once: a tensor-parallel shard on each
+tensor-parallel rank, a parameter replicated across the tensor-parallel group (layer norms, row
+biases) on tensor-parallel rank 0 only, each pipeline stage's own parameters on that stage. The
+local sums of squares are then added up over the model-parallel group (tensor x pipeline) and,
+where gradients are sharded (distributed optimizer), over the data-parallel group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from ..device import get_group_device
+from ..process_groups.collection import ProcessGroupCollection
+
+
+def counts_toward_grad_norm(param: torch.Tensor, tp_group: dist.ProcessGroup | None) -> bool:
+    """Whether this rank counts ``param`` in the global norm (see the module docstring)."""
+    if getattr(param, "tensor_model_parallel", False) or tp_group is None:
+        return True
+    return dist.get_rank(tp_group) == 0
+
+
+def all_reduce_grad_norm(
+    local_sum_of_squares: torch.Tensor, groups: Iterable[dist.ProcessGroup | None]
+) -> float:
+    """Add ``local_sum_of_squares`` over each distinct group given and return the square root."""
+    total = local_sum_of_squares.double()
+    for group in dict.fromkeys(group for group in groups if group is not None):
+        total = total.to(get_group_device(group))
+        dist.all_reduce(total, group=group)
+    return math.sqrt(total.item())
+
+
+def clip_grad_norm(
+    parameters: Iterable[torch.nn.Parameter],
+    max_norm: float,
+    process_groups: ProcessGroupCollection | None = None,
+) -> float:
+    """Clip the gradients of a data-parallel replica of a model split by ``process_groups``.
+
+    Uses ``param.main_grad`` where ``DistributedDataParallel`` put it, else ``param.grad``;
+    gradients must already be reduced over the data-parallel group. Scales them in place so the
+    global norm is at most ``max_norm`` (``max_norm <= 0``: no clipping) and returns the global norm
+    before clipping. Without ``process_groups`` the model is taken to be unsplit.
+    """
+    tp_group = process_groups.tp if process_groups is not None else None
+    grads = []
+    for param in parameters:
+        grad = getattr(param, "main_grad", None)
+        grad = param.grad if grad is None else grad
+        if grad is not None:
+            grads.append((param, grad))
+    local = torch.zeros((), dtype=torch.float64)
+    for param, grad in grads:
+        if counts_toward_grad_norm(param, tp_group):
+            local += grad.detach().double().square().sum().cpu()
+    norm = all_reduce_grad_norm(local, [process_groups.mp if process_groups is not None else None])
+    if max_norm > 0 and norm > max_norm:
+        for _, grad in grads:
+            grad.mul_(max_norm / (norm + 1e-6))
+    return norm

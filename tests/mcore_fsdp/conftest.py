@@ -1,0 +1,70 @@
+"""Tiny models and data shared by the mcore-fsdp tests, as fixtures (tests are not a package)."""
+
+import pytest
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    """A residual MLP block: one sharding unit."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.proj(self.norm(x)))
+
+
+class TinyNet(nn.Module):
+    """Input projection, ``depth`` blocks, output head; the root unit keeps the two projections.
+
+    ``recompute`` runs each block under non-reentrant activation checkpointing.
+    """
+
+    def __init__(self, dim: int = 8, depth: int = 3, recompute: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(5, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(depth))
+        self.head = nn.Linear(dim, 3)
+        self.recompute = recompute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            if self.recompute:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(x)
+
+
+def global_batch(step: int, world_size: int, per_rank: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same global batch on every rank, for step ``step``."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    inputs = torch.randn(world_size * per_rank, 5, generator=generator)
+    targets = torch.randn(world_size * per_rank, 3, generator=generator)
+    return inputs, targets
+
+
+def local_part(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    return tensor.chunk(world_size)[rank]
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output.float() - target) ** 2).mean()
+
+
+@pytest.fixture
+def tiny():
+    """Namespace of the helpers above: ``tiny.Net``, ``tiny.Block``, ``tiny.batch``, ``tiny.local``, ``tiny.mse``."""
+
+    class Helpers:
+        Net = TinyNet
+        Block = Block
+        batch = staticmethod(global_batch)
+        local = staticmethod(local_part)
+        loss = staticmethod(mse)
+
+    return Helpers
