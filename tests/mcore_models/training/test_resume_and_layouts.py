@@ -16,7 +16,9 @@ def _train_losses(run_distributed, configs, world_size=2):
 def test_resume_repeats_the_uninterrupted_run_exactly(
     distributed_optimizer, run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
-    layout = dict(distributed_optimizer=distributed_optimizer, dropout=0.1)  # dropout: the RNG must resume too
+    layout = dict(
+        distributed_optimizer=distributed_optimizer, dropout=0.1
+    )  # dropout: the RNG must resume too
     whole, _ = _train_losses(run_distributed, tiny_configs(tmp_path / "whole", 5, save_interval=2, **layout))
     resume_from = checkpoint_at(tmp_path / "whole" / "checkpoints", 2, tmp_path / "at-2")
     resumed, report = _train_losses(
@@ -37,5 +39,9 @@ def test_checkpoint_continues_at_other_layouts(run_distributed, tiny_configs, ch
         "dp2-adamw": dict(),
         "pp2-vpp2-distopt": dict(pp=2, vpp=2, distributed_optimizer=True),
     }.items():
-        resumed, _ = _train_losses(run_distributed, tiny_configs(tmp_path / name, 4, load=str(source), **layout))
-        torch.testing.assert_close(torch.tensor([resumed[3], resumed[4]]), expected, rtol=1e-4, atol=0, msg=name)
+        resumed, _ = _train_losses(
+            run_distributed, tiny_configs(tmp_path / name, 4, load=str(source), **layout)
+        )
+        torch.testing.assert_close(
+            torch.tensor([resumed[3], resumed[4]]), expected, rtol=1e-4, atol=0, msg=name
+        )

@@ -3,7 +3,12 @@ pretraining with TP/PP/VPP/DP/SP and the distributed optimizer, checkpoints that
 layout, held-out evaluation, greedy samples and the run's report.
 """
 
-from mcore_models.training.batches import TrainData, iteration_micro_batches, open_indexed_data, open_train_data
+from mcore_models.training.batches import (
+    TrainData,
+    iteration_micro_batches,
+    open_indexed_data,
+    open_train_data,
+)
 from mcore_models.training.checkpointing import (
     load_training_checkpoint,
     save_training_checkpoint,
@@ -25,13 +30,12 @@ from mcore_models.training.launcher import launch_local, run_in_process_group, u
 from mcore_models.training.loop import pretrain, resolve_configs
 from mcore_models.training.lr_schedule import learning_rate
 from mcore_models.training.model_setup import TrainModel, build_train_model
-from mcore_models.training.optimizer import LocalOptimizer, ModelParallelDistributedOptimizer, build_optimizer
+from mcore_models.training.optimizer import LocalOptimizer, build_optimizer
 
 __all__ = [
     "TRAIN_CONFIG_CLASSES",
     "DataConfig",
     "LocalOptimizer",
-    "ModelParallelDistributedOptimizer",
     "SchedulerConfig",
     "TrainConfigs",
     "TrainData",

@@ -31,13 +31,17 @@ class TrainData:
     unigram_baseline: float
 
 
-def open_indexed_data(config: DataConfig, progress: bool = False) -> tuple[IndexedDataset, IndexedDataset, Tokenizer, float]:
+def open_indexed_data(
+    config: DataConfig, progress: bool = False
+) -> tuple[IndexedDataset, IndexedDataset, Tokenizer, float]:
     """The training and held-out token datasets, their tokenizer and the unigram baseline.
 
     The default pipeline is built on first use (about 20 s on 2 cores) and cached afterwards.
     """
     if config.data_path is None:
-        pipeline = build_default_pipeline(config.vocab_size, cache_dir=config.data_cache_dir, progress=progress)
+        pipeline = build_default_pipeline(
+            config.vocab_size, cache_dir=config.data_cache_dir, progress=progress
+        )
         return pipeline.train, pipeline.heldout, pipeline.tokenizer, pipeline.unigram_baseline
     tokenizer = Tokenizer.from_file(config.tokenizer_file)
     train, heldout = IndexedDataset(config.data_path), IndexedDataset(config.heldout_data_path)
@@ -66,7 +70,9 @@ def open_train_data(
             ),
         )
 
-    return TrainData(dataset(train, train_samples, seed), dataset(heldout, heldout_samples, seed + 1), tokenizer, baseline)
+    return TrainData(
+        dataset(train, train_samples, seed), dataset(heldout, heldout_samples, seed + 1), tokenizer, baseline
+    )
 
 
 def iteration_micro_batches(

@@ -50,13 +50,13 @@ def training_state_dict(
     param_states: dict | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's part of the checkpoint. Its tensors are views of the parameters and of
-    ``param_states`` (default ``optimizer.param_states()``), so loading into it fills them."""
+    ``param_states`` (default ``optimizer.gather_param_states()``), so loading into it fills them."""
     state: dict[str, torch.Tensor] = {}
     named = [(model.global_parameter_name(n), p) for n, p in model.container.named_parameters()]
     for g, p in named:
         _add_sharded(state, f"model.{g}", p.detach(), p, tp_group)
     if with_optimizer:
-        states = param_states if param_states is not None else optimizer.param_states()
+        states = param_states if param_states is not None else optimizer.gather_param_states()
         for g, p in named:
             for key, value in states[p].items():
                 _add_sharded(state, f"optimizer.{g}.{key}", value, p, tp_group)
@@ -90,18 +90,21 @@ def load_training_checkpoint(
     Returns the iteration loaded and the saved history (empty when there is none).
     """
     with_optimizer = not checkpointer.config.no_load_optim
-    states = optimizer.param_states() if with_optimizer else None
+    states = optimizer.gather_param_states() if with_optimizer else None
     state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
     iteration = checkpointer.load(state)
     if with_optimizer:  # ``states`` now holds the loaded values
-        optimizer.load_param_states(states, int(state["optimizer.step"]))
+        optimizer.scatter_param_states(states, int(state["optimizer.step"]))
     else:  # fresh optimizer state on the loaded weights
         fresh = {
-            p: {"main": p.detach().float(), "exp_avg": torch.zeros_like(p, dtype=torch.float32),
-                "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32)}
+            p: {
+                "main": p.detach().float(),
+                "exp_avg": torch.zeros_like(p, dtype=torch.float32),
+                "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
+            }
             for p in model.container.parameters()
         }
-        optimizer.load_param_states(fresh, 0)
+        optimizer.scatter_param_states(fresh, 0)
     history_file = checkpoint_dir(checkpointer.config.load, iteration) / HISTORY_FILE
     history = json.loads(history_file.read_text()) if history_file.exists() else {}
     return iteration, history

@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog="mcore-train", description=DESCRIPTION)
 
 
-def parse_train_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> TrainConfigs:
+def parse_train_args(
+    argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> TrainConfigs:
     """The configs of ``argv`` (default ``sys.argv[1:]``).
 
     Raises:

@@ -94,7 +94,9 @@ class DataConfig:
 
     seq_length: int = config_field(256, minimum=1, help="Tokens per training sample.")
     vocab_size: int = config_field(
-        4096, minimum=16, help="Vocabulary of the default pipeline's BPE tokenizer (ignored with --tokenizer-file)."
+        4096,
+        minimum=16,
+        help="Vocabulary of the default pipeline's BPE tokenizer (ignored with --tokenizer-file).",
     )
     data_path: str | None = config_field(
         None, help="Prefix of a training indexed dataset (PREFIX.bin/.idx from mcore-preprocess)."
@@ -102,13 +104,13 @@ class DataConfig:
     heldout_data_path: str | None = config_field(
         None, help="Prefix of the held-out indexed dataset for evaluation (with --data-path)."
     )
-    tokenizer_file: str | None = config_field(
-        None, help="tokenizer.json of --data-path (required with it)."
-    )
+    tokenizer_file: str | None = config_field(None, help="tokenizer.json of --data-path (required with it).")
     data_cache_dir: str | None = config_field(
         None, help="Cache of the default pipeline (default: $MCORE_CACHE_DIR or ~/.cache/mcore)."
     )
-    eod_mask_loss: bool = config_field(False, help="Leave the token after each end-of-document out of the loss.")
+    eod_mask_loss: bool = config_field(
+        False, help="Leave the token after each end-of-document out of the loss."
+    )
     reset_position_ids: bool = config_field(False, help="Restart position ids after each end-of-document.")
 
     def __post_init__(self) -> None:
@@ -124,8 +126,12 @@ class DataConfig:
 class TrainingConfig:
     """Training: iterations, batch sizes, evaluation, output, launching and debugging switches."""
 
-    train_iters: int = config_field(160, minimum=1, help="Optimizer steps to train for (in total, resumes included).")
-    micro_batch_size: int = config_field(4, minimum=1, help="Samples per micro-batch on one data-parallel rank.")
+    train_iters: int = config_field(
+        160, minimum=1, help="Optimizer steps to train for (in total, resumes included)."
+    )
+    micro_batch_size: int = config_field(
+        4, minimum=1, help="Samples per micro-batch on one data-parallel rank."
+    )
     global_batch_size: int | None = config_field(
         None,
         minimum=1,

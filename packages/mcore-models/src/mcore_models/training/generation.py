@@ -47,7 +47,9 @@ def greedy_generate(
                 "position_ids": torch.arange(len(padded), device=device).unsqueeze(0),
                 "last_position": len(context) - 1,
             }
-            outputs = run_micro_batches(model, [batch], groups, forward_only=True, dtype=dtype, last_stage_output=_next_token)
+            outputs = run_micro_batches(
+                model, [batch], groups, forward_only=True, dtype=dtype, last_stage_output=_next_token
+            )
             chosen = torch.zeros(1, dtype=torch.int64, device=device)
             if outputs:
                 chosen.fill_(int(outputs[0].item()))

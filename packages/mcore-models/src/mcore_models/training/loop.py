@@ -93,7 +93,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     timers = Timers()
     rank, world = dist.get_rank(), dist.get_world_size()
     configs = resolve_configs(configs, world)
-    model_config, training, data_config = configs.model, configs.training, configs.data
+    model_config, training = configs.model, configs.training
     if training.fsdp:
         check_fsdp_available()
     device = get_device()
@@ -128,7 +128,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             dist.barrier()
     with timers.startup_phase("model"):
         model = build_train_model(model_config, data.tokenizer.vocab_size, groups, configs.ddp, training.seed)
-        optimizer = build_optimizer(model.ddp, configs.optimizer, groups.tp, groups.mp)
+        optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
     checkpointer = DistributedCheckpointer(configs.checkpoint)
     start, history = 0, {"train": [], "heldout": [], "lr": []}
     load_dir = configs.checkpoint.load
@@ -143,9 +143,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if is_writer:
         output_dir.mkdir(parents=True, exist_ok=True)
     tensorboard = TensorBoardWriter(configs.logger, is_writer)
-    straggler = (
-        StragglerDetector.from_config(configs.straggler) if configs.straggler.enabled else None
-    )
+    straggler = StragglerDetector.from_config(configs.straggler) if configs.straggler.enabled else None
     grad_logger = (
         DataGradientLogger(model.container, output_dir / "grads", every=training.save_grads_interval)
         if training.save_grads_interval
@@ -163,8 +161,12 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         lr = learning_rate(iteration, configs.optimizer.lr, configs.scheduler, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        model_parallel_manual_seed(training.seed + 7919 * iteration, tp_rank)  # dropout: a function of the step
-        batches = iteration_micro_batches(data.train, iteration, global_batch, micro, dp_rank, dp_size, device)
+        model_parallel_manual_seed(
+            training.seed + 7919 * iteration, tp_rank
+        )  # dropout: a function of the step
+        batches = iteration_micro_batches(
+            data.train, iteration, global_batch, micro, dp_rank, dp_size, device
+        )
         optimizer.zero_grad()
         step_timer = straggler.step() if straggler is not None else contextlib.nullcontext()
         with step_timer:
@@ -192,15 +194,27 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             report = straggler.maybe_report()
             if report is not None:
                 progress.write(f"straggler report at iteration {iteration}: {report}")
-        if training.eval_interval and iteration % training.eval_interval == 0 and iteration < training.train_iters:
-            result = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
+        if (
+            training.eval_interval
+            and iteration % training.eval_interval == 0
+            and iteration < training.train_iters
+        ):
+            result = evaluate(
+                model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype
+            )
             history["heldout"].append([iteration, result["loss"]])
-            progress.write(f"iteration {iteration}: held-out loss {result['loss']:.3f} (ppl {result['perplexity']:.1f})")
-            tensorboard.scalars(iteration, {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]})
+            progress.write(
+                f"iteration {iteration}: held-out loss {result['loss']:.3f} (ppl {result['perplexity']:.1f})"
+            )
+            tensorboard.scalars(
+                iteration, {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]}
+            )
         interval = configs.checkpoint.save_interval
         if interval and iteration % interval == 0 and iteration < training.train_iters:
             with _timed(timers, "save"):
-                last_saved = save_training_checkpoint(checkpointer, model, optimizer, groups.tp, iteration, history)
+                last_saved = save_training_checkpoint(
+                    checkpointer, model, optimizer, groups.tp, iteration, history
+                )
     progress.close()
     train_seconds = time.perf_counter() - began
     iterations_run = training.train_iters - start
@@ -221,8 +235,15 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         prompt = data.tokenizer.encode(training.sample_prompt)
         pad = model_config.tensor_model_parallel_size if model_config.sequence_parallel else 1
         ids = greedy_generate(
-            model, prompt, training.sample_tokens, groups, device,
-            max_length=data_config.seq_length, stop_id=data.tokenizer.eod_id, dtype=dtype, pad_multiple=pad,
+            model,
+            prompt,
+            training.sample_tokens,
+            groups,
+            device,
+            max_length=data_config.seq_length,
+            stop_id=data.tokenizer.eod_id,
+            dtype=dtype,
+            pad_multiple=pad,
         )
         sample = data.tokenizer.decode(ids)
     parameters = _count_parameters(model, groups)
@@ -238,8 +259,13 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         "world_size": world,
         "layout": (
             f"TP={model_config.tensor_model_parallel_size} PP={model_config.pipeline_model_parallel_size}"
-            + (f" VPP={model_config.virtual_pipeline_model_parallel_size}" if model_config.virtual_pipeline_model_parallel_size else "")
-            + f" DP={dp_size}" + (" SP" if model_config.sequence_parallel else "")
+            + (
+                f" VPP={model_config.virtual_pipeline_model_parallel_size}"
+                if model_config.virtual_pipeline_model_parallel_size
+                else ""
+            )
+            + f" DP={dp_size}"
+            + (" SP" if model_config.sequence_parallel else "")
             + (" distributed-optimizer" if configs.ddp.use_distributed_optimizer else "")
         ),
         "device": str(device),

@@ -109,9 +109,7 @@ def reduce_tensor_parallel_partial_grads(model: TrainModel, tp_group: dist.Proce
     """
     if dist.get_world_size(tp_group) == 1:
         return
-    grads = [
-        p.main_grad for p in model.container.parameters() if getattr(p, "sequence_parallel", False)
-    ]
+    grads = [p.main_grad for p in model.container.parameters() if getattr(p, "sequence_parallel", False)]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

@@ -23,7 +23,9 @@ def write_loss_plot(path: Path, history: dict, unigram_baseline: float | None) -
             [i for i, _ in heldout], [loss for _, loss in heldout], "o-", label="held-out loss", markersize=4
         )
     if unigram_baseline is not None:
-        axes.axhline(unigram_baseline, color="grey", linestyle="--", label=f"unigram baseline ({unigram_baseline:.2f})")
+        axes.axhline(
+            unigram_baseline, color="grey", linestyle="--", label=f"unigram baseline ({unigram_baseline:.2f})"
+        )
     axes.set_xlabel("iteration")
     axes.set_ylabel("cross entropy [nats/token]")
     axes.set_title("mcore-train")

@@ -35,7 +35,9 @@ def make_forward_step(last_stage_output: LastStageOutput = _batch_loss):
     """A ``forward_step_func`` for the schedules: micro-batch dicts in, ``last_stage_output(model
     output, batch)`` out of the last stage (default: the masked mean loss), hidden states elsewhere."""
 
-    def forward_step(data_iterator, chunk: torch.nn.Module, input_tensor: torch.Tensor | None) -> torch.Tensor:
+    def forward_step(
+        data_iterator, chunk: torch.nn.Module, input_tensor: torch.Tensor | None
+    ) -> torch.Tensor:
         batch = next(data_iterator)
         model = chunk.module[0] if isinstance(chunk, DistributedDataParallel) else chunk
         if input_tensor is not None:
@@ -71,7 +73,9 @@ def run_micro_batches(
             return forward_backward_no_pipelining(
                 data_iterator=iter(micro_batches), model=schedule_model, **common
             )
-        iterators = [iter(micro_batches) for _ in model.chunks] if len(model.chunks) > 1 else iter(micro_batches)
+        iterators = (
+            [iter(micro_batches) for _ in model.chunks] if len(model.chunks) > 1 else iter(micro_batches)
+        )
         return forward_backward_pipelining(
             data_iterator=iterators, model=schedule_model, pp_group=groups.pp, dtype=dtype, **common
         )

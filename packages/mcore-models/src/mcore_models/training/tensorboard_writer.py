@@ -17,7 +17,8 @@ class TensorBoardWriter:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # tensorboard is not a dependency
             raise ConfigError(
-                ["tensorboard_dir"], "TensorBoard logging needs the 'tensorboard' package: pip install tensorboard"
+                ["tensorboard_dir"],
+                "TensorBoard logging needs the 'tensorboard' package: pip install tensorboard",
             ) from error
         self.writer = SummaryWriter(config.tensorboard_dir, max_queue=config.tensorboard_queue_size)
 
