@@ -6,7 +6,7 @@ from mcore_parallel import ConfigError
 
 
 def check_fsdp_available() -> None:
-    """Raise a clear error unless ``mcore_fsdp`` imports.
+    """Raise a clear error: ``mcore_fsdp`` is missing, or (this release) not wired in yet.
 
     Raises:
         ConfigError: naming ``fsdp`` and how to install it.
@@ -17,4 +17,8 @@ def check_fsdp_available() -> None:
         raise ConfigError(
             ["fsdp"], "--fsdp needs the mcore-fsdp package: pip install 'mcore-models[fsdp]'"
         ) from error
-    raise ConfigError(["fsdp"], "--fsdp is not wired to mcore-fsdp in this release yet")
+    raise ConfigError(
+        ["fsdp"],
+        "--fsdp is not wired to mcore-fsdp in this release yet; use data parallelism "
+        "(--use-distributed-optimizer shards the optimizer state)",
+    )
