@@ -158,7 +158,7 @@ class TrainingConfig:
     sample_tokens: int = config_field(
         64, minimum=0, help="Tokens to generate greedily from the trained model at the end (0: none)."
     )
-    sample_prompt: str = config_field("def ", help="Prompt of the generated sample.")
+    sample_prompt: str = config_field("def __init__(self", help="Prompt of the generated sample.")
     export_hf: str | None = config_field(
         None, help="Also write the final model as a Hugging Face Llama checkpoint to this directory."
     )
