@@ -57,6 +57,17 @@ class DotProductAttention(torch.nn.Module):
             return torch.zeros(num_heads, device=device)
         return self.softmax_offset.float()
 
+    def _fused_causal(self, segment_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
+        """Plain causal attention (no window, sink, packing, extra mask or active dropout) goes
+        through PyTorch's fused ``scaled_dot_product_attention``: same result, less memory and time."""
+        return (
+            self.config.softmax_type == "vanilla"
+            and self.window_size is None
+            and segment_ids is None
+            and attention_mask is None
+            and not (self.training and self.dropout.p > 0)
+        )
+
     def forward(
         self,
         query: torch.Tensor,
@@ -82,6 +93,11 @@ class DotProductAttention(torch.nn.Module):
         q = query.permute(1, 2, 0, 3)
         k = key.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
         v = value.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
+        if self._fused_causal(segment_ids, attention_mask):
+            context = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale
+            )
+            return context.permute(2, 0, 1, 3).reshape(s, b, n * d)
         scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scale
         allowed = allowed_keys(s, window_size=self.window_size, segment_ids=segment_ids, device=q.device)
         if attention_mask is not None:

@@ -33,6 +33,10 @@ class GPTModel(torch.nn.Module):
     ``pg_collection`` (or the global groups). ``forward`` returns logits ``[b, s, vocab / tp]``
     (the full vocabulary when ``parallel_output=False``), per-token losses ``[b, s]`` when
     ``labels`` are given, or the hidden states ``[s, b, h]`` on a stage without ``post_process``.
+
+    With ``config.virtual_pipeline_model_parallel_size`` ``v``, a stage holds ``v`` chunks and
+    ``vp_stage`` says which one this is: chunk ``c`` of stage ``s`` holds the layers of virtual
+    stage ``c * pp + s`` (the interleaved schedule's order).
     """
 
     def __init__(
@@ -45,6 +49,7 @@ class GPTModel(torch.nn.Module):
         post_process: bool = True,
         parallel_output: bool = True,
         pg_collection: ProcessGroupCollection | None = None,
+        vp_stage: int | None = None,
     ):
         super().__init__()
         groups = resolve_process_groups(pg_collection)
@@ -62,11 +67,18 @@ class GPTModel(torch.nn.Module):
         self.parallel_output = parallel_output
         pp_size = dist.get_world_size(groups.pp) if groups.pp is not None else 1
         pp_rank = dist.get_rank(groups.pp) if groups.pp is not None else 0
-        if config.num_layers % pp_size:
-            raise ValueError(f"num_layers ({config.num_layers}) must divide over {pp_size} pipeline stages")
+        chunks = config.virtual_pipeline_model_parallel_size or 1
+        if vp_stage is not None and not 0 <= vp_stage < chunks:
+            raise ValueError(f"vp_stage must be in [0, {chunks}), got {vp_stage}")
+        if config.num_layers % (pp_size * chunks):
+            raise ValueError(
+                f"num_layers ({config.num_layers}) must divide over {pp_size} pipeline stages x "
+                f"{chunks} virtual stages"
+            )
         if config.share_embeddings_and_output_weights and not (pre_process and post_process):
             raise NotImplementedError("tied embeddings across pipeline stages are not supported yet")
-        layers_per_stage = config.num_layers // pp_size
+        layers_per_stage = config.num_layers // (pp_size * chunks)
+        virtual_stage = (vp_stage or 0) * pp_size + pp_rank
 
         self.embedding = (
             LanguageModelEmbedding(config, vocab_size, tp_group=self.tp_group) if pre_process else None
@@ -80,7 +92,7 @@ class GPTModel(torch.nn.Module):
             layer_spec if layer_spec is not None else get_gpt_layer_spec(config),
             tp_group=self.tp_group,
             num_layers=layers_per_stage,
-            first_layer_number=pp_rank * layers_per_stage + 1,
+            first_layer_number=virtual_stage * layers_per_stage + 1,
             post_process=post_process,
         )
         self.output_layer = None

@@ -1,0 +1,110 @@
+"""Training checkpoints: model and optimizer state named globally, so any TP/PP/DP layout (and
+either optimizer) can load what another saved, through mcore-parallel's ``DistributedCheckpointer``.
+
+Keys: ``model.<global parameter name>``, ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
+and ``optimizer.step``. Tensor-parallel shards are described with their global shape
+(``sharded_tensor``), so loading reshards them. ``history.json`` beside the tensors keeps the loss
+curve so far for the report of a resumed run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import DistributedCheckpointer, checkpoint_dir, sharded_tensor
+
+from .model_setup import TrainModel
+
+HISTORY_FILE = "history.json"
+
+
+def _partition_dim(param: torch.Tensor) -> int | None:
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+
+
+def _add_sharded(
+    state: dict, key: str, tensor: torch.Tensor, param: torch.Tensor, tp_group: dist.ProcessGroup
+) -> None:
+    """``state[key]``: ``tensor`` described as its TP shard of the global tensor.
+
+    A gated MLP's fc1 shard holds ``[its gate rows; its up rows]``, not a contiguous slice of the
+    global ``[gate; up]``, so the two halves are stored as ``key.gate`` and ``key.up``, each a
+    contiguous slice of its own global half."""
+    dim = _partition_dim(param)
+    if dim is not None and getattr(param, "gated_halves", False):
+        gate, up = tensor.chunk(2, dim=dim)
+        state[f"{key}.gate"] = sharded_tensor(gate, tp_group, dim)
+        state[f"{key}.up"] = sharded_tensor(up, tp_group, dim)
+    else:
+        state[key] = sharded_tensor(tensor, tp_group, dim)
+
+
+def training_state_dict(
+    model: TrainModel,
+    optimizer,
+    tp_group: dist.ProcessGroup,
+    with_optimizer: bool = True,
+    param_states: dict | None = None,
+) -> dict[str, torch.Tensor]:
+    """This rank's part of the checkpoint. Its tensors are views of the parameters and of
+    ``param_states`` (default ``optimizer.gather_param_states()``), so loading into it fills them."""
+    state: dict[str, torch.Tensor] = {}
+    named = [(model.global_parameter_name(n), p) for n, p in model.container.named_parameters()]
+    for g, p in named:
+        _add_sharded(state, f"model.{g}", p.detach(), p, tp_group)
+    if with_optimizer:
+        states = param_states if param_states is not None else optimizer.gather_param_states()
+        for g, p in named:
+            for key, value in states[p].items():
+                _add_sharded(state, f"optimizer.{g}.{key}", value, p, tp_group)
+        state["optimizer.step"] = torch.tensor(optimizer.step_count)
+    return state
+
+
+def save_training_checkpoint(
+    checkpointer: DistributedCheckpointer,
+    model: TrainModel,
+    optimizer,
+    tp_group: dist.ProcessGroup,
+    iteration: int,
+    history: dict,
+) -> Path:
+    """Save the checkpoint of ``iteration`` (collective); rank 0 adds ``history.json``."""
+    state = training_state_dict(model, optimizer, tp_group, not checkpointer.config.no_save_optim)
+    checkpointer.save(state, iteration)
+    checkpointer.wait()
+    directory = checkpoint_dir(checkpointer.config.save, iteration)
+    if dist.get_rank() == 0:
+        (directory / HISTORY_FILE).write_text(json.dumps(history))
+    return directory
+
+
+def load_training_checkpoint(
+    checkpointer: DistributedCheckpointer, model: TrainModel, optimizer, tp_group: dist.ProcessGroup
+) -> tuple[int, dict]:
+    """Load the latest checkpoint of ``checkpointer.config.load`` into model and optimizer (collective).
+
+    Returns the iteration loaded and the saved history (empty when there is none).
+    """
+    with_optimizer = not checkpointer.config.no_load_optim
+    states = optimizer.gather_param_states() if with_optimizer else None
+    state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
+    iteration = checkpointer.load(state)
+    if with_optimizer:  # ``states`` now holds the loaded values
+        optimizer.scatter_param_states(states, int(state["optimizer.step"]))
+    else:  # fresh optimizer state on the loaded weights
+        fresh = {
+            p: {
+                "main": p.detach().float(),
+                "exp_avg": torch.zeros_like(p, dtype=torch.float32),
+                "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
+            }
+            for p in model.container.parameters()
+        }
+        optimizer.scatter_param_states(fresh, 0)
+    history_file = checkpoint_dir(checkpointer.config.load, iteration) / HISTORY_FILE
+    history = json.loads(history_file.read_text()) if history_file.exists() else {}
+    return iteration, history

@@ -1,0 +1,206 @@
+"""The configuration of ``mcore-train``: dataclasses whose field metadata generates the CLI.
+
+``mcore-train`` parses ``TRAIN_CONFIG_CLASSES`` (these classes plus mcore-parallel's
+``DistributedDataParallelConfig``, ``CheckpointConfig``, ``LoggerConfig`` and
+``StragglerDetectionConfig``) into one ``TrainConfigs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from mcore_parallel import (
+    CheckpointConfig,
+    ConfigError,
+    DistributedDataParallelConfig,
+    LoggerConfig,
+    OptimizerConfig,
+    StragglerDetectionConfig,
+    config_field,
+    validate_fields,
+)
+
+from ..config.transformer_config import TransformerConfig
+
+
+@dataclass(kw_only=True)
+class TrainModelConfig(TransformerConfig):
+    """Model: a TransformerConfig whose defaults are a small Llama-style model that trains in minutes on a CPU."""
+
+    num_layers: int = config_field(4, minimum=1, help="Number of transformer layers.")
+    hidden_size: int = config_field(256, minimum=1, help="Width of the residual stream.")
+    num_attention_heads: int = config_field(4, minimum=1, help="Query heads per attention layer.")
+    ffn_hidden_size: int | None = config_field(
+        688, minimum=1, help="Width of the MLP's hidden layer. Default: 4 * hidden_size."
+    )
+    normalization: Literal["LayerNorm", "RMSNorm"] = config_field("RMSNorm", help="Normalization layer type.")
+    add_bias_linear: bool = config_field(False, help="Biases in all linear layers.")
+    activation: Literal[
+        "gelu", "gelu_tanh", "relu", "squared_relu", "silu", "swiglu", "geglu", "quick_geglu"
+    ] = config_field(
+        "swiglu", help="MLP activation; swiglu, geglu and quick_geglu are gated (fc1 twice as wide)."
+    )
+    position_embedding_type: Literal["learned_absolute", "rope", "yarn", "none"] = config_field(
+        "rope", help="How positions enter the model."
+    )
+    attention_dropout: float = config_field(0.0, minimum=0.0, help="Dropout on attention probabilities.")
+    hidden_dropout: float = config_field(
+        0.0, minimum=0.0, help="Dropout on embeddings and on each residual branch."
+    )
+
+
+@dataclass
+class TrainOptimizerConfig(OptimizerConfig):
+    """Optimizer: Adam or AdamW (decoupled weight decay) on float32 main parameters, with gradient clipping."""
+
+    lr: float = config_field(2e-3, minimum=0.0, help="Peak learning rate (after warm-up).")
+    weight_decay: float = config_field(0.1, minimum=0.0, help="Weight-decay coefficient.")
+    adam_beta2: float = config_field(0.95, minimum=0.0, help="Adam's second-moment decay.")
+    clip_grad: float = config_field(
+        1.0, minimum=0.0, help="Clip the global gradient norm to this value (0: no clipping)."
+    )
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule: linear warm-up, then constant, linear, cosine or warmup-stable-decay (WSD)."""
+
+    lr_decay_style: Literal["constant", "linear", "cosine", "WSD"] = config_field(
+        "cosine", help="How the learning rate falls from its peak to min_lr after warm-up."
+    )
+    lr_warmup_iters: int = config_field(16, minimum=0, help="Iterations of linear warm-up from 0 to lr.")
+    lr_decay_iters: int | None = config_field(
+        None, minimum=1, help="Iteration at which the decay reaches min_lr (default: train_iters)."
+    )
+    min_lr: float = config_field(1e-4, minimum=0.0, help="Learning rate at the end of the decay.")
+    lr_wsd_decay_iters: int | None = config_field(
+        None,
+        minimum=1,
+        help="WSD: iterations of the final decay; the rest after warm-up is stable (default: 20%% of decay).",
+    )
+    lr_wsd_decay_style: Literal["linear", "cosine"] = config_field(
+        "linear", help="WSD: shape of the final decay."
+    )
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+
+
+@dataclass
+class DataConfig:
+    """Data: the embedded stdlib corpus (default) or your own indexed datasets, sequence length and masking."""
+
+    seq_length: int = config_field(256, minimum=1, help="Tokens per training sample.")
+    vocab_size: int = config_field(
+        4096,
+        minimum=16,
+        help="Vocabulary of the default pipeline's BPE tokenizer (ignored with --tokenizer-file).",
+    )
+    data_path: str | None = config_field(
+        None, help="Prefix of a training indexed dataset (PREFIX.bin/.idx from mcore-preprocess)."
+    )
+    heldout_data_path: str | None = config_field(
+        None, help="Prefix of the held-out indexed dataset for evaluation (with --data-path)."
+    )
+    tokenizer_file: str | None = config_field(None, help="tokenizer.json of --data-path (required with it).")
+    data_cache_dir: str | None = config_field(
+        None, help="Cache of the default pipeline (default: $MCORE_CACHE_DIR or ~/.cache/mcore)."
+    )
+    eod_mask_loss: bool = config_field(
+        False, help="Leave the token after each end-of-document out of the loss."
+    )
+    reset_position_ids: bool = config_field(False, help="Restart position ids after each end-of-document.")
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        if self.data_path is not None and (self.tokenizer_file is None or self.heldout_data_path is None):
+            raise ConfigError(
+                ["data_path", "tokenizer_file", "heldout_data_path"],
+                "your own data needs its tokenizer file and a held-out dataset",
+            )
+
+
+@dataclass
+class TrainingConfig:
+    """Training: iterations, batch sizes, evaluation, output, launching and debugging switches."""
+
+    train_iters: int = config_field(
+        160, minimum=1, help="Optimizer steps to train for (in total, resumes included)."
+    )
+    micro_batch_size: int = config_field(
+        4, minimum=1, help="Samples per micro-batch on one data-parallel rank."
+    )
+    global_batch_size: int | None = config_field(
+        None,
+        minimum=1,
+        help="Samples per optimizer step over all data-parallel ranks; a multiple of micro_batch_size x DP "
+        "gives gradient accumulation (default: micro_batch_size x DP).",
+    )
+    seed: int = config_field(1234, help="Seed of the weights, the data order and dropout.")
+    eval_interval: int | None = config_field(
+        40, minimum=1, help="Evaluate on held-out data every this many iterations (and always at the end)."
+    )
+    eval_iters: int = config_field(4, minimum=1, help="Global batches of held-out data per evaluation.")
+    output_dir: str = config_field(
+        "mcore-train-output", help="Where loss.png, report.json, sample.txt and checkpoints/ go."
+    )
+    nproc_per_node: int | None = config_field(
+        None,
+        minimum=1,
+        help="Ranks to start when not under torchrun (default: every GPU, else 2 on a CPU).",
+    )
+    fp32: bool = config_field(False, help="Train in float32 on a GPU too (the default there is bfloat16).")
+    fsdp: bool = config_field(
+        False, help="Shard parameters, gradients and optimizer state with mcore-fsdp (mcore-models[fsdp])."
+    )
+    sample_tokens: int = config_field(
+        64, minimum=0, help="Tokens to generate greedily from the trained model at the end (0: none)."
+    )
+    sample_prompt: str = config_field("def __init__(self", help="Prompt of the generated sample.")
+    export_hf: str | None = config_field(
+        None, help="Also write the final model as a Hugging Face Llama checkpoint to this directory."
+    )
+    save_grads_interval: int | None = config_field(
+        None,
+        minimum=1,
+        help="Save data gradients (dgrad) and weight gradients (wgrad) of every linear layer every N iterations.",
+    )
+    progress: bool = config_field(True, help="Show a progress bar on rank 0.")
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+
+
+TRAIN_CONFIG_CLASSES: tuple[type, ...] = (
+    TrainModelConfig,
+    TrainOptimizerConfig,
+    SchedulerConfig,
+    DataConfig,
+    TrainingConfig,
+    DistributedDataParallelConfig,
+    CheckpointConfig,
+    LoggerConfig,
+    StragglerDetectionConfig,
+)
+
+
+@dataclass
+class TrainConfigs:
+    """Every config of one ``mcore-train`` run."""
+
+    model: TrainModelConfig = dataclasses.field(default_factory=TrainModelConfig)
+    optimizer: TrainOptimizerConfig = dataclasses.field(default_factory=TrainOptimizerConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    ddp: DistributedDataParallelConfig = dataclasses.field(default_factory=DistributedDataParallelConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+    straggler: StragglerDetectionConfig = dataclasses.field(default_factory=StragglerDetectionConfig)
+
+    @classmethod
+    def from_instances(cls, instances) -> TrainConfigs:
+        """Build from one instance of each of ``TRAIN_CONFIG_CLASSES``, in that order."""
+        return cls(*instances)

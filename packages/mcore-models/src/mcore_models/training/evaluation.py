@@ -1,0 +1,40 @@
+"""Held-out evaluation: mean loss (nats/token) and perplexity over fixed held-out batches."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import ProcessGroupCollection
+
+from .batches import iteration_micro_batches
+from .model_setup import TrainModel
+from .schedule import global_mean_loss, run_micro_batches
+
+
+def evaluate(
+    model: TrainModel,
+    dataset,
+    eval_iters: int,
+    global_batch_size: int,
+    micro_batch_size: int,
+    groups: ProcessGroupCollection,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, float]:
+    """``{"loss", "perplexity"}`` over the first ``eval_iters`` global batches of ``dataset`` (collective).
+
+    Always the same batches, so evaluations during a run are comparable."""
+    dp_rank, dp_size = dist.get_rank(groups.dp), dist.get_world_size(groups.dp)
+    model.train(False)
+    losses = []
+    with torch.no_grad():
+        for index in range(1, eval_iters + 1):
+            batches = iteration_micro_batches(
+                dataset, index, global_batch_size, micro_batch_size, dp_rank, dp_size, device
+            )
+            losses.append(global_mean_loss(run_micro_batches(model, batches, groups, True, dtype), groups))
+    model.train(True)
+    loss = sum(losses) / len(losses)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}

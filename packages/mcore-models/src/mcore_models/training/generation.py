@@ -1,0 +1,69 @@
+"""Greedy decoding with the training model: full recompute of the whole sequence per new token.
+
+Collective over all ranks: each step runs the sequence through the pipeline (forward only), the
+last stage picks the most likely token over the full vocabulary, and it is broadcast to every
+rank of the pipeline. Data-parallel replicas decode the same tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import ProcessGroupCollection
+
+from .model_setup import TrainModel
+from .schedule import run_micro_batches
+
+
+def greedy_generate(
+    model: TrainModel,
+    prompt_ids: list[int],
+    new_tokens: int,
+    groups: ProcessGroupCollection,
+    device: torch.device,
+    max_length: int | None = None,
+    stop_id: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    pad_multiple: int = 1,
+) -> list[int]:
+    """``prompt_ids`` followed by up to ``new_tokens`` greedily chosen ids (stops after ``stop_id``).
+
+    The context is cut to the last ``max_length`` tokens and right-padded to a multiple of
+    ``pad_multiple`` (the TP size under sequence parallelism); causal attention keeps the padding
+    from affecting the position that is read."""
+    ids = list(prompt_ids)
+    last_chunk = model.chunks[-1]
+    pp = dist.get_world_size(groups.pp)
+    last_stage_rank = dist.get_global_rank(groups.pp, pp - 1)
+    parallel_output = last_chunk.parallel_output
+    last_chunk.parallel_output = False  # the full vocabulary for the argmax
+    model.train(False)
+    try:
+        for _ in range(new_tokens):
+            context = ids[-max_length:] if max_length else ids
+            padded = context + [0] * (-len(context) % pad_multiple)
+            batch = {
+                "tokens": torch.tensor([padded], device=device),
+                "position_ids": torch.arange(len(padded), device=device).unsqueeze(0),
+                "last_position": len(context) - 1,
+            }
+            outputs = run_micro_batches(
+                model, [batch], groups, forward_only=True, dtype=dtype, last_stage_output=_next_token
+            )
+            chosen = torch.zeros(1, dtype=torch.int64, device=device)
+            if outputs:
+                chosen.fill_(int(outputs[0].item()))
+            if pp > 1:
+                dist.broadcast(chosen, src=last_stage_rank, group=groups.pp)
+            ids.append(int(chosen.item()))
+            if stop_id is not None and ids[-1] == stop_id:
+                break
+    finally:
+        last_chunk.parallel_output = parallel_output
+        model.train(True)
+    return ids
+
+
+def _next_token(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """The last stage's output for decoding: the argmax at the last real position, as a float scalar."""
+    return logits[0, batch["last_position"]].argmax().float()

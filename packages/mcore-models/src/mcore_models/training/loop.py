@@ -1,0 +1,342 @@
+"""``pretrain``: the training run of one rank, from process groups to the final report.
+
+Call it on every rank of an initialized default process group (``mcore-train`` launches the
+ranks). The order of things: process groups, data, model and optimizer, checkpoint load, the
+iterations (evaluation and saves on their intervals), then final evaluation, checkpoint, Hugging
+Face export, a greedy sample and, on rank 0, ``loss.png``, ``report.json`` and the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import (
+    ConfigError,
+    DistributedCheckpointer,
+    StragglerDetector,
+    Timers,
+    destroy_model_parallel,
+    get_device,
+    get_group_device,
+    initialize_model_parallel,
+    latest_iteration,
+    model_parallel_manual_seed,
+)
+
+from ..debug.grad_logger import DataGradientLogger
+from .batches import iteration_micro_batches, open_train_data
+from .checkpointing import load_training_checkpoint, save_training_checkpoint
+from .config import TrainConfigs
+from .evaluation import evaluate
+from .fsdp import check_fsdp_available
+from .generation import greedy_generate
+from .lr_schedule import learning_rate
+from .model_setup import build_train_model, reduce_tensor_parallel_partial_grads
+from .optimizer import build_optimizer
+from .progress import TrainingProgress
+from .report import summary_text, write_loss_plot, write_report
+from .schedule import global_mean_loss, run_micro_batches
+from .tensorboard_writer import TensorBoardWriter
+
+
+def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
+    """Fill in what depends on the machine and the world: bfloat16 on a GPU, the checkpoint
+    directory under the output directory, the global batch; check the batch divides.
+
+    Raises:
+        ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, or
+            the interleaved schedule's micro-batches do not divide over the stages.
+    """
+    model, training = configs.model, configs.training
+    if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
+        model = dataclasses.replace(model, bf16=True)
+    checkpoint = configs.checkpoint
+    if checkpoint.save is None:
+        checkpoint = dataclasses.replace(checkpoint, save=str(Path(training.output_dir) / "checkpoints"))
+    mp = model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size
+    if world_size % mp:
+        raise ConfigError(
+            ["tensor_model_parallel_size", "pipeline_model_parallel_size", "nproc_per_node"],
+            f"TP x PP x CP ({mp}) must divide the number of ranks ({world_size})",
+        )
+    dp = world_size // mp
+    per_step = training.micro_batch_size * dp
+    global_batch = training.global_batch_size or per_step
+    if global_batch % per_step:
+        raise ConfigError(
+            ["global_batch_size", "micro_batch_size"],
+            f"global_batch_size ({global_batch}) must be a multiple of micro_batch_size x data-parallel "
+            f"size ({training.micro_batch_size} x {dp})",
+        )
+    vpp = model.virtual_pipeline_model_parallel_size
+    if vpp is not None and (global_batch // per_step) % model.pipeline_model_parallel_size:
+        raise ConfigError(
+            ["global_batch_size", "virtual_pipeline_model_parallel_size"],
+            f"the interleaved schedule needs micro-batches per step ({global_batch // per_step}) to be a "
+            f"multiple of the pipeline size ({model.pipeline_model_parallel_size})",
+        )
+    if model.context_parallel_size != 1 or model.expert_model_parallel_size != 1:
+        raise ConfigError(
+            ["context_parallel_size", "expert_model_parallel_size"], "mcore-train supports CP = EP = 1 so far"
+        )
+    training = dataclasses.replace(training, global_batch_size=global_batch)
+    return dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
+
+
+def pretrain(configs: TrainConfigs) -> dict | None:
+    """Train on every rank of the default process group; returns the report on rank 0, else ``None``."""
+    timers = Timers()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    configs = resolve_configs(configs, world)
+    model_config, training = configs.model, configs.training
+    if training.fsdp:
+        check_fsdp_available()
+    device = get_device()
+    dtype = model_config.params_dtype
+    with timers.startup_phase("process groups"):
+        groups = initialize_model_parallel(
+            tensor_model_parallel_size=model_config.tensor_model_parallel_size,
+            pipeline_model_parallel_size=model_config.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=model_config.virtual_pipeline_model_parallel_size,
+            order=model_config.parallel_order,
+        )
+    try:
+        return _train(configs, groups, timers, device, dtype, rank, world)
+    finally:
+        destroy_model_parallel()
+
+
+def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
+    model_config, training, data_config = configs.model, configs.training, configs.data
+    dp_rank, dp_size = dist.get_rank(groups.dp), dist.get_world_size(groups.dp)
+    tp_rank = dist.get_rank(groups.tp)
+    global_batch, micro = training.global_batch_size, training.micro_batch_size
+    is_writer = rank == 0
+    progress_output = training.progress and is_writer
+
+    with timers.startup_phase("data"):
+        samples = training.train_iters * global_batch, training.eval_iters * global_batch
+        if rank != 0:
+            dist.barrier()  # rank 0 builds (or opens) the cached data first
+        data = open_train_data(data_config, training.seed, *samples, progress=progress_output)
+        if rank == 0:
+            dist.barrier()
+    with timers.startup_phase("model"):
+        model = build_train_model(model_config, data.tokenizer.vocab_size, groups, configs.ddp, training.seed)
+        optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
+    checkpointer = DistributedCheckpointer(configs.checkpoint)
+    start, history = 0, {"train": [], "heldout": [], "lr": []}
+    load_dir = configs.checkpoint.load
+    if load_dir is not None and latest_iteration(load_dir) is not None:
+        with timers.startup_phase("checkpoint load"):
+            start, saved = load_training_checkpoint(checkpointer, model, optimizer, groups.tp)
+            history.update(saved)
+    elif load_dir is not None and is_writer:
+        print(f"no checkpoint in {load_dir}; starting from scratch")
+
+    output_dir = Path(training.output_dir)
+    if is_writer:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    tensorboard = TensorBoardWriter(configs.logger, is_writer)
+    straggler = StragglerDetector.from_config(configs.straggler) if configs.straggler.enabled else None
+    grad_logger = (
+        DataGradientLogger(model.container, output_dir / "grads", every=training.save_grads_interval)
+        if training.save_grads_interval
+        else None
+    )
+    tokens_per_iteration = global_batch * data_config.seq_length
+    progress = TrainingProgress(training.train_iters, start, tokens_per_iteration, progress_output)
+    if is_writer and start:
+        progress.write(f"resumed from {load_dir} at iteration {start}")
+    model.train(True)
+    last_saved = None
+    began = time.perf_counter()
+    for iteration in range(start + 1, training.train_iters + 1):
+        timers("iteration").start()
+        lr = learning_rate(iteration, configs.optimizer.lr, configs.scheduler, training.train_iters)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        model_parallel_manual_seed(
+            training.seed + 7919 * iteration, tp_rank
+        )  # dropout: a function of the step
+        batches = iteration_micro_batches(
+            data.train, iteration, global_batch, micro, dp_rank, dp_size, device
+        )
+        optimizer.zero_grad()
+        step_timer = straggler.step() if straggler is not None else contextlib.nullcontext()
+        with step_timer:
+            if grad_logger is not None:
+                grad_logger.begin(iteration)
+            timers("forward-backward").start()
+            losses = run_micro_batches(model, batches, groups, dtype=dtype)
+            timers("forward-backward").stop()
+            reduce_tensor_parallel_partial_grads(model, groups.tp)
+            if grad_logger is not None:
+                _log_grads(grad_logger, model)
+            timers("optimizer").start()
+            grad_norm = optimizer.step()
+            timers("optimizer").stop()
+        loss = global_mean_loss(losses, groups)
+        seconds = timers("iteration").stop()
+        history["train"].append([iteration, loss])
+        history["lr"].append([iteration, lr])
+        progress.update(iteration, loss, seconds, lr)
+        if iteration % configs.logger.log_interval == 0:
+            tensorboard.scalars(iteration, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm})
+            if configs.logger.log_timers_to_tensorboard:
+                tensorboard.scalars(iteration, {"timers/iteration": seconds})
+        if straggler is not None:
+            report = straggler.maybe_report()
+            if report is not None:
+                progress.write(f"straggler report at iteration {iteration}: {report}")
+        if (
+            training.eval_interval
+            and iteration % training.eval_interval == 0
+            and iteration < training.train_iters
+        ):
+            result = evaluate(
+                model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype
+            )
+            history["heldout"].append([iteration, result["loss"]])
+            progress.write(
+                f"iteration {iteration}: held-out loss {result['loss']:.3f} (ppl {result['perplexity']:.1f})"
+            )
+            tensorboard.scalars(
+                iteration, {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]}
+            )
+        interval = configs.checkpoint.save_interval
+        if interval and iteration % interval == 0 and iteration < training.train_iters:
+            with _timed(timers, "save"):
+                last_saved = save_training_checkpoint(
+                    checkpointer, model, optimizer, groups.tp, iteration, history
+                )
+    progress.close()
+    train_seconds = time.perf_counter() - began
+    iterations_run = training.train_iters - start
+
+    final = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
+    if not history["heldout"] or history["heldout"][-1][0] != training.train_iters:
+        history["heldout"].append([training.train_iters, final["loss"]])
+    tensorboard.scalars(training.train_iters, {"heldout/loss": final["loss"]})
+    if iterations_run > 0 or last_saved is None:
+        with _timed(timers, "save"):
+            last_saved = save_training_checkpoint(
+                checkpointer, model, optimizer, groups.tp, training.train_iters, history
+            )
+    if training.export_hf:
+        _export_hf(model, groups, training.export_hf)
+    sample = None
+    if training.sample_tokens:
+        prompt = data.tokenizer.encode(training.sample_prompt)
+        pad = model_config.tensor_model_parallel_size if model_config.sequence_parallel else 1
+        ids = greedy_generate(
+            model,
+            prompt,
+            training.sample_tokens,
+            groups,
+            device,
+            max_length=data_config.seq_length,
+            stop_id=data.tokenizer.eod_id,
+            dtype=dtype,
+            pad_multiple=pad,
+        )
+        sample = data.tokenizer.decode(ids)
+    parameters = _count_parameters(model, groups)
+    tensorboard.close()
+    if grad_logger is not None:
+        grad_logger.remove()
+    if not is_writer:
+        return None
+    report = {
+        "iterations": training.train_iters,
+        "iterations_run": iterations_run,
+        "resumed_from": start or None,
+        "world_size": world,
+        "layout": (
+            f"TP={model_config.tensor_model_parallel_size} PP={model_config.pipeline_model_parallel_size}"
+            + (
+                f" VPP={model_config.virtual_pipeline_model_parallel_size}"
+                if model_config.virtual_pipeline_model_parallel_size
+                else ""
+            )
+            + f" DP={dp_size}"
+            + (" SP" if model_config.sequence_parallel else "")
+            + (" distributed-optimizer" if configs.ddp.use_distributed_optimizer else "")
+        ),
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "parameters": parameters,
+        "global_batch_size": global_batch,
+        "seq_length": data_config.seq_length,
+        "tokens_seen": iterations_run * tokens_per_iteration,
+        "train_seconds": train_seconds,
+        "tokens_per_second": iterations_run * tokens_per_iteration / max(train_seconds, 1e-9),
+        "final_train_loss": history["train"][-1][1] if history["train"] else None,
+        "final_heldout": final,
+        "unigram_baseline": data.unigram_baseline,
+        "checkpoint": str(last_saved) if last_saved else None,
+        "hf_export": training.export_hf,
+        "sample_prompt": training.sample_prompt,
+        "sample": sample,
+        "startup_seconds": timers.startup_phases(),
+        "mean_seconds": {name: timers(name).average() for name in timers.names() if timers(name).count},
+        "output_dir": str(output_dir.resolve()),
+        "history": history,
+    }
+    write_loss_plot(output_dir / "loss.png", history, data.unigram_baseline)
+    if sample is not None:
+        (output_dir / "sample.txt").write_text(sample + "\n")
+    write_report(output_dir / "report.json", report)
+    print(summary_text(report))
+    if sample is not None:
+        print(f"\ngreedy sample from {training.sample_prompt!r}:\n{'-' * 60}\n{sample}\n{'-' * 60}")
+    return report
+
+
+def _count_parameters(model, groups) -> int:
+    """Parameters of the whole model over all shards and stages (collective)."""
+    tp = dist.get_world_size(groups.tp)
+    local = sum(
+        p.numel() * (1.0 if getattr(p, "tensor_model_parallel", False) else 1.0 / tp)
+        for p in model.container.parameters()
+    )
+    total = torch.tensor([local], dtype=torch.float64, device=get_group_device(groups.mp))
+    dist.all_reduce(total, group=groups.mp)
+    return round(total.item())
+
+
+def _log_grads(logger: DataGradientLogger, model) -> None:
+    """Hand DDP's accumulated gradients to the logger as ``.grad`` for its weight-gradient record."""
+    params = list(model.container.parameters())
+    for p in params:
+        p.grad = p.main_grad
+    logger.end()
+    for p in params:
+        p.grad = None
+
+
+def _export_hf(model, groups, directory: str) -> None:
+    from ..hf.checkpoint import export_hf_checkpoint
+
+    if len(model.chunks) != 1 or dist.get_world_size(groups.pp) != 1:
+        raise ConfigError(["export_hf", "pipeline_model_parallel_size"], "Hugging Face export needs PP = 1")
+    if dist.get_rank(groups.dp) == 0:
+        export_hf_checkpoint(model.chunks[0], directory, model_type="llama")
+    dist.barrier()
+
+
+class _timed:
+    def __init__(self, timers: Timers, name: str):
+        self.timer = timers(name)
+
+    def __enter__(self):
+        self.timer.start()
+
+    def __exit__(self, *exc):
+        self.timer.stop()
+        return False

@@ -1,0 +1,118 @@
+"""Building this rank's model: its pipeline chunks of a ``GPTModel``, wrapped for data parallelism.
+
+All chunks of a rank share one ``DistributedDataParallel`` (over a ``ModuleList``), so one optimizer
+and one checkpoint state cover them. Parameters are named globally for checkpoints by
+``global_parameter_name``: a chunk's ``decoder.layers.<i>`` becomes the layer's global index.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import (
+    ConfigError,
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    ProcessGroupCollection,
+    model_parallel_manual_seed,
+)
+
+from ..models.gpt.model import GPTModel
+from .config import TrainModelConfig
+
+_LAYER = re.compile(r"^(\d+)\.decoder\.layers\.(\d+)\.(.*)$")
+_CHUNK = re.compile(r"^(\d+)\.(.*)$")
+
+
+@dataclass
+class TrainModel:
+    """This rank's chunks (``GPTModel`` each), their container and its data-parallel wrapper."""
+
+    chunks: list[GPTModel]
+    container: torch.nn.ModuleList
+    ddp: DistributedDataParallel
+
+    @property
+    def schedule_model(self) -> torch.nn.Module | list[torch.nn.Module]:
+        """What the pipeline schedule runs: the DDP wrapper for one chunk (so ``no_sync`` applies),
+        else the list of chunks (the caller keeps gradient reduction for the step's end)."""
+        return self.ddp if len(self.chunks) == 1 else list(self.chunks)
+
+    def train(self, mode: bool = True) -> None:
+        self.container.train(mode)
+
+    def global_parameter_name(self, local_name: str) -> str:
+        """``<chunk>.decoder.layers.<i>.rest`` -> ``decoder.layers.<global i>.rest``; else drop the chunk."""
+        match = _LAYER.match(local_name)
+        if match:
+            chunk, index, rest = int(match[1]), int(match[2]), match[3]
+            number = self.chunks[chunk].decoder.layers[index].layer_number
+            return f"decoder.layers.{number - 1}.{rest}"
+        return _CHUNK.match(local_name)[2]
+
+
+def build_train_model(
+    config: TrainModelConfig,
+    vocab_size: int,
+    groups: ProcessGroupCollection,
+    ddp_config: DistributedDataParallelConfig,
+    seed: int,
+) -> TrainModel:
+    """The chunks of this pipeline stage (``virtual_pipeline_model_parallel_size`` of them, else one).
+
+    Weights come from ``seed`` and the stage (TP ranks draw their own shards of one master weight).
+    """
+    pp, stage = dist.get_world_size(groups.pp), dist.get_rank(groups.pp)
+    tp_rank = dist.get_rank(groups.tp)
+    count = config.virtual_pipeline_model_parallel_size or 1
+    chunks = []
+    for chunk in range(count):
+        model_parallel_manual_seed(seed + 100 * (chunk * pp + stage), tp_rank)
+        chunks.append(
+            GPTModel(
+                config,
+                vocab_size,
+                pre_process=stage == 0 and chunk == 0,
+                post_process=stage == pp - 1 and chunk == count - 1,
+                pg_collection=groups,
+                vp_stage=chunk if count > 1 else None,
+            )
+        )
+    container = torch.nn.ModuleList(chunks)
+    _check_overlap(container, ddp_config, groups)
+    ddp = DistributedDataParallel(container, ddp_config, groups.dp)
+    return TrainModel(chunks, container, ddp)
+
+
+def _check_overlap(
+    container: torch.nn.Module, ddp_config: DistributedDataParallelConfig, groups: ProcessGroupCollection
+) -> None:
+    """Gradients summed over TP ranks after backward cannot be in flight already."""
+    partial = any(getattr(p, "sequence_parallel", False) for p in container.parameters())
+    if ddp_config.overlap_grad_reduce and partial and dist.get_world_size(groups.tp) > 1:
+        raise ConfigError(
+            ["overlap_grad_reduce", "sequence_parallel"],
+            "overlapped gradient reduction cannot be combined with parameters whose gradients are summed "
+            "over tensor-parallel ranks after backward (sequence parallelism, qk-norm)",
+        )
+
+
+def reduce_tensor_parallel_partial_grads(model: TrainModel, tp_group: dist.ProcessGroup) -> None:
+    """Sum over ``tp_group`` the ``main_grad`` of parameters tagged ``sequence_parallel``.
+
+    Such parameters (norms and biases under sequence parallelism, qk-norm weights) are replicated
+    on every TP rank but each rank's backward saw part of their use. DDP has moved the gradients
+    into ``main_grad``, which is what is reduced here.
+    """
+    if dist.get_world_size(tp_group) == 1:
+        return
+    grads = [p.main_grad for p in model.container.parameters() if getattr(p, "sequence_parallel", False)]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=tp_group)
+    for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        grad.copy_(summed.view_as(grad))

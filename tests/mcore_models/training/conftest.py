@@ -1,0 +1,115 @@
+"""A tiny corpus, tokenizer and model for the training tests: seconds per run, not minutes."""
+
+import dataclasses
+import itertools
+import shutil
+
+import pytest
+from mcore_models.data.corpus import stdlib_documents
+from mcore_models.data.preprocess import write_indexed_dataset
+from mcore_models.data.tokenizer import train_bpe_tokenizer
+from mcore_models.training import (
+    DataConfig,
+    SchedulerConfig,
+    TrainConfigs,
+    TrainingConfig,
+    TrainModelConfig,
+    TrainOptimizerConfig,
+)
+from mcore_parallel import CheckpointConfig, DistributedDataParallelConfig
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """``DataConfig`` of twenty stdlib files (train) and five (held out) under a 300-token BPE."""
+    directory = tmp_path_factory.mktemp("tiny-data")
+    texts = [d.text for d in itertools.islice((d for d in stdlib_documents() if d.text.isascii()), 25)]
+    tokenizer = train_bpe_tokenizer(texts[:20], vocab_size=300)
+    tokenizer.save(directory / "tokenizer.json")
+    write_indexed_dataset(texts[:20], directory / "train", tokenizer, progress=False)
+    write_indexed_dataset(texts[20:], directory / "heldout", tokenizer, progress=False)
+    return DataConfig(
+        seq_length=32,
+        data_path=str(directory / "train"),
+        heldout_data_path=str(directory / "heldout"),
+        tokenizer_file=str(directory / "tokenizer.json"),
+    )
+
+
+@pytest.fixture
+def tiny_configs(tiny_data, tmp_path):
+    """``tiny_configs(output, train_iters=4, **layout)``: ``TrainConfigs`` of a 4-layer, 32-wide model.
+
+    Layout keywords: ``tp``, ``pp``, ``vpp``, ``sp``, ``distributed_optimizer``, ``micro``,
+    ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``.
+    """
+
+    def make(
+        output,
+        train_iters=4,
+        *,
+        tp=1,
+        pp=1,
+        vpp=None,
+        sp=False,
+        distributed_optimizer=False,
+        micro=2,
+        global_batch=4,
+        save_interval=None,
+        load=None,
+        dropout=0.0,
+        sample_tokens=0,
+    ):
+        return TrainConfigs(
+            model=TrainModelConfig(
+                num_layers=4,
+                hidden_size=32,
+                num_attention_heads=4,
+                num_query_groups=2,
+                ffn_hidden_size=64,
+                hidden_dropout=dropout,
+                attention_dropout=dropout,
+                tensor_model_parallel_size=tp,
+                pipeline_model_parallel_size=pp,
+                virtual_pipeline_model_parallel_size=vpp,
+                sequence_parallel=sp,
+            ),
+            optimizer=TrainOptimizerConfig(lr=1e-2),
+            scheduler=SchedulerConfig(lr_warmup_iters=1),
+            data=tiny_data,
+            training=TrainingConfig(
+                train_iters=train_iters,
+                micro_batch_size=micro,
+                global_batch_size=global_batch,
+                eval_interval=None,
+                eval_iters=1,
+                output_dir=str(output),
+                sample_tokens=sample_tokens,
+                progress=False,
+            ),
+            ddp=DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer),
+            checkpoint=CheckpointConfig(
+                save=str(output / "checkpoints"), load=load, save_interval=save_interval
+            ),
+        )
+
+    return make
+
+
+@pytest.fixture
+def checkpoint_at():
+    """``checkpoint_at(source, iteration, target)``: a copy of a checkpoint folder whose latest is ``iteration``."""
+
+    def copy(source, iteration, target):
+        shutil.copytree(source, target)
+        (target / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+        return target
+
+    return copy
+
+
+def replace(configs, **sections):
+    """``configs`` with fields of its sections replaced: ``replace(c, training={"seed": 1})``."""
+    return dataclasses.replace(
+        configs, **{name: dataclasses.replace(getattr(configs, name), **v) for name, v in sections.items()}
+    )
