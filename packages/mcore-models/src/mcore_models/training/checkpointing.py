@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from mcore_parallel import DistributedCheckpointer, checkpoint_dir, sharded_tensor
 
+from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
 
 HISTORY_FILE = "history.json"
@@ -73,7 +74,11 @@ def save_training_checkpoint(
     history: dict,
 ) -> Path:
     """Save the checkpoint of ``iteration`` (collective); rank 0 adds ``history.json``."""
-    state = training_state_dict(model, optimizer, tp_group, not checkpointer.config.no_save_optim)
+    with_optimizer = not checkpointer.config.no_save_optim
+    if isinstance(optimizer, FSDPOptimizer):
+        state = fsdp_checkpoint_state(model, optimizer, with_optimizer)
+    else:
+        state = training_state_dict(model, optimizer, tp_group, with_optimizer)
     checkpointer.save(state, iteration)
     checkpointer.wait()
     directory = checkpoint_dir(checkpointer.config.save, iteration)
@@ -90,6 +95,11 @@ def load_training_checkpoint(
     Returns the iteration loaded and the saved history (empty when there is none).
     """
     with_optimizer = not checkpointer.config.no_load_optim
+    if isinstance(optimizer, FSDPOptimizer):
+        state = fsdp_checkpoint_state(model, optimizer, with_optimizer)
+        iteration = checkpointer.load(state)
+        load_fsdp_checkpoint_state(model, optimizer, state)
+        return iteration, _saved_history(checkpointer, iteration)
     states = optimizer.gather_param_states() if with_optimizer else None
     state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
     iteration = checkpointer.load(state)
@@ -105,6 +115,9 @@ def load_training_checkpoint(
             for p in model.container.parameters()
         }
         optimizer.scatter_param_states(fresh, 0)
+    return iteration, _saved_history(checkpointer, iteration)
+
+
+def _saved_history(checkpointer: DistributedCheckpointer, iteration: int) -> dict:
     history_file = checkpoint_dir(checkpointer.config.load, iteration) / HISTORY_FILE
-    history = json.loads(history_file.read_text()) if history_file.exists() else {}
-    return iteration, history
+    return json.loads(history_file.read_text()) if history_file.exists() else {}

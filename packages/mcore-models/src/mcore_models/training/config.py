@@ -168,6 +168,9 @@ class TrainingConfig:
         help="Save data gradients (dgrad) and weight gradients (wgrad) of every linear layer every N iterations.",
     )
     progress: bool = config_field(True, help="Show a progress bar on rank 0.")
+    fsdp_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = config_field(
+        "optim_grads_params", help="With --fsdp: what is sharded over the data-parallel ranks."
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self)
