@@ -40,7 +40,7 @@ def tiny_configs(tiny_data, tmp_path):
     """``tiny_configs(output, train_iters=4, **layout)``: ``TrainConfigs`` of a 4-layer, 32-wide model.
 
     Layout keywords: ``tp``, ``pp``, ``vpp``, ``sp``, ``distributed_optimizer``, ``micro``,
-    ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``; any other keyword
+    ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``, ``async_save``; any other keyword
     is a ``TrainingConfig`` field (``fsdp=True``, ``export_hf=...``).
     """
 
@@ -59,6 +59,7 @@ def tiny_configs(tiny_data, tmp_path):
         load=None,
         dropout=0.0,
         sample_tokens=0,
+        async_save=False,
         **training,
     ):
         return TrainConfigs(
@@ -91,7 +92,10 @@ def tiny_configs(tiny_data, tmp_path):
             ),
             ddp=DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer),
             checkpoint=CheckpointConfig(
-                save=str(output / "checkpoints"), load=load, save_interval=save_interval
+                save=str(output / "checkpoints"),
+                load=load,
+                save_interval=save_interval,
+                async_save=async_save,
             ),
         )
 

@@ -16,13 +16,25 @@ def _train_losses(run_distributed, configs):
 def test_fsdp_losses_equal_data_parallel_and_resume_exactly(
     run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
-    plain, _ = _train_losses(run_distributed, tiny_configs(tmp_path / "dp", 4))
+    plain, _ = _train_losses(
+        run_distributed, tiny_configs(tmp_path / "dp", 4, export_hf=str(tmp_path / "dp-hf"))
+    )
     fsdp, report = _train_losses(
-        run_distributed, tiny_configs(tmp_path / "fsdp", 4, save_interval=2, fsdp=True)
+        run_distributed,
+        tiny_configs(tmp_path / "fsdp", 4, save_interval=2, fsdp=True, export_hf=str(tmp_path / "fsdp-hf")),
     )
     assert "FSDP(optim_grads_params)" in report["layout"]
     # fp32; the gradients are summed in another order (reduce-scatter of flat buffers vs all-reduce)
     torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(plain), rtol=1e-5, atol=0)
+    # the export gathers the shards: the same model as the plain run's export
+    transformers = pytest.importorskip("transformers")
+    tokens = torch.arange(3, 27).unsqueeze(0)
+    with torch.no_grad():
+        dp_logits, fsdp_logits = (
+            transformers.AutoModelForCausalLM.from_pretrained(tmp_path / name)(tokens).logits
+            for name in ("dp-hf", "fsdp-hf")
+        )
+    torch.testing.assert_close(fsdp_logits, dp_logits, rtol=0, atol=1e-4)
     resume_from = checkpoint_at(tmp_path / "fsdp" / "checkpoints", 2, tmp_path / "at-2")
     resumed, report = _train_losses(
         run_distributed,

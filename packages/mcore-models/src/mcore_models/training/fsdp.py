@@ -18,6 +18,7 @@ from ..models.gpt.model import GPTModel
 from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
 from .model_setup import TrainModel
+from .optimizer import adam_optimizer
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
@@ -87,14 +88,7 @@ class FSDPOptimizer:
 
     def __init__(self, model: torch.nn.Module, config: OptimizerConfig):
         self.model, self.config = model, config
-        adam = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
-        self.optimizer = adam(
-            model.parameters(),
-            lr=config.lr,
-            betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps,
-            weight_decay=config.weight_decay,
-        )
+        self.optimizer = adam_optimizer(model.parameters(), config)
 
     @property
     def param_groups(self) -> list[dict]:

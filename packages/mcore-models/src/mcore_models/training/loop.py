@@ -169,7 +169,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if is_writer and start:
         progress.write(f"resumed from {load_dir} at iteration {start}")
     model.train(True)
-    last_saved = None
+    last_saved, straggler_reports = None, []
     began = time.perf_counter()
     for iteration in range(start + 1, training.train_iters + 1):
         timers("iteration").start()
@@ -208,6 +208,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:
+                straggler_reports.append({"iteration": iteration, **dataclasses.asdict(report)})
                 progress.write(f"straggler report at iteration {iteration}: {report}")
         if (
             training.eval_interval
@@ -243,6 +244,8 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             last_saved = save_training_checkpoint(
                 checkpointer, model, optimizer, groups.tp, training.train_iters, history
             )
+    with _timed(timers, "save"):
+        checkpointer.wait()  # an asynchronous save is complete and marked latest from here on
     if training.export_hf:
         exported = fsdp_full_model(model, model_config, groups) if training.fsdp else model.chunks[0]
         _export_hf(exported, model, groups, training.export_hf)
@@ -304,6 +307,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         "mean_seconds": {name: timers(name).average() for name in timers.names() if timers(name).count},
         "output_dir": str(output_dir.resolve()),
         "history": history,
+        "straggler_reports": straggler_reports,
     }
     write_loss_plot(output_dir / "loss.png", history, data.unigram_baseline)
     if sample is not None:
