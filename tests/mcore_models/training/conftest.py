@@ -1,6 +1,5 @@
 """A tiny corpus, tokenizer and model for the training tests: seconds per run, not minutes."""
 
-import dataclasses
 import itertools
 import shutil
 
@@ -41,7 +40,8 @@ def tiny_configs(tiny_data, tmp_path):
     """``tiny_configs(output, train_iters=4, **layout)``: ``TrainConfigs`` of a 4-layer, 32-wide model.
 
     Layout keywords: ``tp``, ``pp``, ``vpp``, ``sp``, ``distributed_optimizer``, ``micro``,
-    ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``.
+    ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``, ``async_save``; any other keyword
+    is a ``TrainingConfig`` field (``fsdp=True``, ``export_hf=...``).
     """
 
     def make(
@@ -59,6 +59,8 @@ def tiny_configs(tiny_data, tmp_path):
         load=None,
         dropout=0.0,
         sample_tokens=0,
+        async_save=False,
+        **training,
     ):
         return TrainConfigs(
             model=TrainModelConfig(
@@ -86,10 +88,14 @@ def tiny_configs(tiny_data, tmp_path):
                 output_dir=str(output),
                 sample_tokens=sample_tokens,
                 progress=False,
+                **training,
             ),
             ddp=DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer),
             checkpoint=CheckpointConfig(
-                save=str(output / "checkpoints"), load=load, save_interval=save_interval
+                save=str(output / "checkpoints"),
+                load=load,
+                save_interval=save_interval,
+                async_save=async_save,
             ),
         )
 
@@ -106,10 +112,3 @@ def checkpoint_at():
         return target
 
     return copy
-
-
-def replace(configs, **sections):
-    """``configs`` with fields of its sections replaced: ``replace(c, training={"seed": 1})``."""
-    return dataclasses.replace(
-        configs, **{name: dataclasses.replace(getattr(configs, name), **v) for name, v in sections.items()}
-    )

@@ -1,6 +1,7 @@
 """``mcore-train`` end to end with a tiny config, and its command line."""
 
 import json
+import sys
 
 import pytest
 from mcore_models.training import main, parse_train_args, resolve_configs
@@ -49,8 +50,11 @@ def test_bad_layouts_name_the_fields():
         main(["--lr-decay-style", "exponential"])
 
 
-def test_fsdp_is_a_clear_error_until_it_is_wired(capsys):
+def test_fsdp_errors_name_the_flag(capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["--fsdp", "--tensor-model-parallel-size", "2"])
+    assert "fsdp" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "mcore_fsdp", None)  # not installed
     with pytest.raises(SystemExit):
         main(["--fsdp"])
-    error = capsys.readouterr().err
-    assert "fsdp:" in error and ("mcore-models[fsdp]" in error or "not wired" in error)
+    assert "mcore-models[fsdp]" in capsys.readouterr().err

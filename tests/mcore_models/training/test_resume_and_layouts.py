@@ -12,14 +12,22 @@ def _train_losses(run_distributed, configs, world_size=2):
     return {iteration: loss for iteration, loss in report["history"]["train"]}, report
 
 
-@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["adamw", "distributed-optimizer"])
+@pytest.mark.parametrize(
+    "distributed_optimizer, async_save",
+    [(False, False), (True, False), (False, True)],
+    ids=["adamw", "distributed-optimizer", "adamw-async-save"],
+)
 def test_resume_repeats_the_uninterrupted_run_exactly(
-    distributed_optimizer, run_distributed, tiny_configs, checkpoint_at, tmp_path
+    distributed_optimizer, async_save, run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
     layout = dict(
         distributed_optimizer=distributed_optimizer, dropout=0.1
     )  # dropout: the RNG must resume too
-    whole, _ = _train_losses(run_distributed, tiny_configs(tmp_path / "whole", 5, save_interval=2, **layout))
+    # an asynchronous save of iteration 2 is written while iterations 3-4 train, completed by the next
+    whole, _ = _train_losses(
+        run_distributed, tiny_configs(tmp_path / "whole", 5, save_interval=2, async_save=async_save, **layout)
+    )
+    assert (tmp_path / "whole" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "5"
     resume_from = checkpoint_at(tmp_path / "whole" / "checkpoints", 2, tmp_path / "at-2")
     resumed, report = _train_losses(
         run_distributed, tiny_configs(tmp_path / "resumed", 5, load=str(resume_from), **layout)

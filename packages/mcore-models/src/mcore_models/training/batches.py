@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.default_pipeline import build_default_pipeline
+from ..data.fim_dataset import FIMConfig, GPTFIMDataset
 from ..data.gpt_dataset import GPTDataset, GPTDatasetConfig
 from ..data.indexed_dataset import IndexedDataset
 from ..data.tokenizer import Tokenizer
@@ -52,26 +53,38 @@ def open_indexed_data(
 def open_train_data(
     config: DataConfig, seed: int, train_samples: int, heldout_samples: int, progress: bool = False
 ) -> TrainData:
-    """``GPTDataset`` views with ``train_samples`` and ``heldout_samples`` samples."""
+    """``GPTDataset`` views with ``train_samples`` and ``heldout_samples`` samples.
+
+    The training view of the default corpus is a ``GPTFIMDataset`` when ``config.fim`` is set."""
     train, heldout, tokenizer, baseline = open_indexed_data(config, progress)
 
-    def dataset(indexed: IndexedDataset, samples: int, dataset_seed: int) -> GPTDataset:
-        return GPTDataset(
-            indexed,
-            GPTDatasetConfig(
-                seq_length=config.seq_length,
-                num_samples=samples,
-                eod_id=tokenizer.eod_id,
-                pad_id=tokenizer.pad_id,
-                seed=dataset_seed,
-                reset_position_ids=config.reset_position_ids,
-                eod_mask_loss=config.eod_mask_loss,
-                allow_ambiguous_pad_tokens=True,
-            ),
+    def dataset(indexed: IndexedDataset, samples: int, dataset_seed: int, fim: bool = False) -> GPTDataset:
+        dataset_config = GPTDatasetConfig(
+            seq_length=config.seq_length,
+            num_samples=samples,
+            eod_id=tokenizer.eod_id,
+            pad_id=tokenizer.pad_id,
+            seed=dataset_seed,
+            reset_position_ids=config.reset_position_ids,
+            eod_mask_loss=config.eod_mask_loss,
+            allow_ambiguous_pad_tokens=True,
         )
+        if not fim:
+            return GPTDataset(indexed, dataset_config)
+        fim_config = FIMConfig(
+            fim_rate=config.fim_rate,
+            fim_spm_rate=config.fim_spm_rate,
+            fim_split_sample=config.fim_split_sample,
+            fim_fragment_rate=config.fim_fragment_rate,
+        )
+        return GPTFIMDataset(indexed, dataset_config, fim_config, tokenizer)
 
+    fim = config.fim and config.data_path is None
     return TrainData(
-        dataset(train, train_samples, seed), dataset(heldout, heldout_samples, seed + 1), tokenizer, baseline
+        dataset(train, train_samples, seed, fim),
+        dataset(heldout, heldout_samples, seed + 1),
+        tokenizer,
+        baseline,
     )
 
 

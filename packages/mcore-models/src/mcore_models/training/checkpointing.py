@@ -3,8 +3,10 @@ either optimizer) can load what another saved, through mcore-parallel's ``Distri
 
 Keys: ``model.<global parameter name>``, ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
 and ``optimizer.step``. Tensor-parallel shards are described with their global shape
-(``sharded_tensor``), so loading reshards them. ``history.json`` beside the tensors keeps the loss
-curve so far for the report of a resumed run.
+(``sharded_tensor``), so loading reshards them. ``history`` (JSON text, saved with the tensors,
+so an asynchronous save needs nothing written after it) keeps the loss curve so far for the report
+of a resumed run. With ``--fsdp`` the keys are ``model.<name>`` and ``optimizer.state.<name>...``
+of mcore-fsdp's DTensor state dicts instead.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import torch
 import torch.distributed as dist
 from mcore_parallel import DistributedCheckpointer, checkpoint_dir, sharded_tensor
 
+from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
 
-HISTORY_FILE = "history.json"
+HISTORY_KEY = "history"
 
 
 def _partition_dim(param: torch.Tensor) -> int | None:
@@ -72,14 +75,27 @@ def save_training_checkpoint(
     iteration: int,
     history: dict,
 ) -> Path:
-    """Save the checkpoint of ``iteration`` (collective); rank 0 adds ``history.json``."""
-    state = training_state_dict(model, optimizer, tp_group, not checkpointer.config.no_save_optim)
+    """Save the checkpoint of ``iteration`` with the loss ``history`` (collective); returns its directory.
+
+    With ``async_save`` the tensors are staged (copied) here and written in the background:
+    ``checkpointer.wait()`` (or the next save) completes it and marks it latest."""
+    with_optimizer = not checkpointer.config.no_save_optim
+    if isinstance(optimizer, FSDPOptimizer):
+        state = fsdp_checkpoint_state(model, optimizer, with_optimizer)
+    else:
+        state = training_state_dict(model, optimizer, tp_group, with_optimizer)
+    state[HISTORY_KEY] = json.dumps(history)
+    if checkpointer.config.async_save:  # torch's stager cannot copy views of DDP's flat buffers
+        state = _cloned(state)
     checkpointer.save(state, iteration)
-    checkpointer.wait()
-    directory = checkpoint_dir(checkpointer.config.save, iteration)
-    if dist.get_rank() == 0:
-        (directory / HISTORY_FILE).write_text(json.dumps(history))
-    return directory
+    return checkpoint_dir(checkpointer.config.save, iteration)
+
+
+def _cloned(state):
+    """``state`` with every tensor replaced by a copy (nested dicts followed)."""
+    if isinstance(state, dict):
+        return {key: _cloned(value) for key, value in state.items()}
+    return state.detach().clone() if torch.is_tensor(state) else state
 
 
 def load_training_checkpoint(
@@ -90,8 +106,13 @@ def load_training_checkpoint(
     Returns the iteration loaded and the saved history (empty when there is none).
     """
     with_optimizer = not checkpointer.config.no_load_optim
+    if isinstance(optimizer, FSDPOptimizer):
+        state = fsdp_checkpoint_state(model, optimizer, with_optimizer) | {HISTORY_KEY: ""}
+        iteration = checkpointer.load(state)
+        load_fsdp_checkpoint_state(model, optimizer, state)
+        return iteration, json.loads(state[HISTORY_KEY])
     states = optimizer.gather_param_states() if with_optimizer else None
-    state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
+    state = training_state_dict(model, optimizer, tp_group, with_optimizer, states) | {HISTORY_KEY: ""}
     iteration = checkpointer.load(state)
     if with_optimizer:  # ``states`` now holds the loaded values
         optimizer.scatter_param_states(states, int(state["optimizer.step"]))
@@ -105,6 +126,4 @@ def load_training_checkpoint(
             for p in model.container.parameters()
         }
         optimizer.scatter_param_states(fresh, 0)
-    history_file = checkpoint_dir(checkpointer.config.load, iteration) / HISTORY_FILE
-    history = json.loads(history_file.read_text()) if history_file.exists() else {}
-    return iteration, history
+    return iteration, json.loads(state[HISTORY_KEY])

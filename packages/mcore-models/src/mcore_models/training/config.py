@@ -112,6 +112,26 @@ class DataConfig:
         False, help="Leave the token after each end-of-document out of the loss."
     )
     reset_position_ids: bool = config_field(False, help="Restart position ids after each end-of-document.")
+    fim: bool = config_field(
+        True,
+        help="Fill-in-the-middle on the training samples of the default (code) corpus; held-out "
+        "evaluation stays plain next-token. Your own --data-path data is never rearranged.",
+    )
+    fim_rate: float = config_field(
+        0.5, minimum=0.0, help="FIM: probability that a training sample is rearranged."
+    )
+    fim_spm_rate: float = config_field(
+        0.5, minimum=0.0, help="FIM: share of rearranged pieces written SPM instead of PSM."
+    )
+    fim_split_sample: int | None = config_field(
+        None,
+        minimum=0,
+        help="FIM: token id (e.g. the end-of-document id 0) at which a sample is split into fragments, "
+        "each rearranged on its own.",
+    )
+    fim_fragment_rate: float = config_field(
+        0.5, minimum=0.0, help="FIM: probability that each fragment is rearranged."
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self)
@@ -120,6 +140,9 @@ class DataConfig:
                 ["data_path", "tokenizer_file", "heldout_data_path"],
                 "your own data needs its tokenizer file and a held-out dataset",
             )
+        for name in ("fim_rate", "fim_spm_rate", "fim_fragment_rate"):
+            if getattr(self, name) > 1.0:
+                raise ConfigError([name], f"{name} is a probability in [0, 1], got {getattr(self, name)}")
 
 
 @dataclass
@@ -168,6 +191,9 @@ class TrainingConfig:
         help="Save data gradients (dgrad) and weight gradients (wgrad) of every linear layer every N iterations.",
     )
     progress: bool = config_field(True, help="Show a progress bar on rank 0.")
+    fsdp_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = config_field(
+        "optim_grads_params", help="With --fsdp: what is sharded over the data-parallel ranks."
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self)

@@ -1,12 +1,30 @@
-"""``--fsdp``: fully sharded data parallelism from the optional ``mcore-fsdp`` package."""
+"""``--fsdp``: fully sharded data parallelism from the optional ``mcore-fsdp`` package.
+
+The ``GPTModel`` is sharded with ``mcore_fsdp.fully_shard`` over the data-parallel group, each
+``TransformerLayer`` a sharding unit (embedding and output layer form the root unit). Adam/AdamW
+runs on the FP32 main-parameter shards and clips with the model's ``clip_grad_norm_``; checkpoints
+are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
+ranks and any strategy. ``mcore_fsdp`` is imported only here, only when ``--fsdp`` is given.
+"""
 
 from __future__ import annotations
 
-from mcore_parallel import ConfigError
+import math
+
+import torch
+from mcore_parallel import ConfigError, OptimizerConfig, ProcessGroupCollection, model_parallel_manual_seed
+
+from ..models.gpt.model import GPTModel
+from ..transformer.layer import TransformerLayer
+from .config import TrainConfigs, TrainModelConfig
+from .model_setup import TrainModel
+from .optimizer import adam_optimizer
+
+FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 
 def check_fsdp_available() -> None:
-    """Raise a clear error: ``mcore_fsdp`` is missing, or (this release) not wired in yet.
+    """Raise a clear error when ``mcore_fsdp`` is not installed.
 
     Raises:
         ConfigError: naming ``fsdp`` and how to install it.
@@ -17,8 +35,101 @@ def check_fsdp_available() -> None:
         raise ConfigError(
             ["fsdp"], "--fsdp needs the mcore-fsdp package: pip install 'mcore-models[fsdp]'"
         ) from error
-    raise ConfigError(
-        ["fsdp"],
-        "--fsdp is not wired to mcore-fsdp in this release yet; use data parallelism "
-        "(--use-distributed-optimizer shards the optimizer state)",
+
+
+def check_fsdp_layout(configs: TrainConfigs) -> None:
+    """``--fsdp`` shards over data parallelism only.
+
+    Raises:
+        ConfigError: TP, PP or VPP above 1, the distributed optimizer, or gradient logging with ``--fsdp``.
+    """
+    model = configs.model
+    if (
+        model.tensor_model_parallel_size != 1
+        or model.pipeline_model_parallel_size != 1
+        or model.virtual_pipeline_model_parallel_size is not None
+    ):
+        raise ConfigError(
+            ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size"],
+            "--fsdp needs TP = PP = 1 (it shards over data-parallel ranks only)",
+        )
+    if configs.ddp.use_distributed_optimizer:
+        raise ConfigError(
+            ["fsdp", "use_distributed_optimizer"],
+            "--fsdp shards the optimizer state itself; drop --use-distributed-optimizer",
+        )
+    if configs.training.save_grads_interval:
+        raise ConfigError(["fsdp", "save_grads_interval"], "gradient logging is not supported with --fsdp")
+
+
+def build_fsdp_train_model(
+    config: TrainModelConfig, vocab_size: int, groups: ProcessGroupCollection, strategy: str, seed: int
+) -> TrainModel:
+    """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at TP = PP = 1), sharded.
+
+    ``TrainModel.ddp`` is the sharded model itself: its ``no_sync`` is what the schedule uses.
+    """
+    from mcore_fsdp import MixedPrecision, fully_shard
+
+    model_parallel_manual_seed(seed, 0)
+    model = GPTModel(config, vocab_size, pg_collection=groups)
+    dtype = config.params_dtype
+    precision = (
+        None if dtype == torch.float32 else MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32)
     )
+    fully_shard(
+        model, mesh=groups.dp, unit_classes=(TransformerLayer,), strategy=strategy, precision=precision
+    )
+    return TrainModel([model], torch.nn.ModuleList([model]), model)
+
+
+class FSDPOptimizer:
+    """Adam/AdamW on the sharded model's FP32 main-parameter shards, clipped by the global norm."""
+
+    def __init__(self, model: torch.nn.Module, config: OptimizerConfig):
+        self.model, self.config = model, config
+        self.optimizer = adam_optimizer(model.parameters(), config)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The inner optimizer's parameter groups (set ``lr`` here for schedules)."""
+        return self.optimizer.param_groups
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> float:
+        """Clip (``clip_grad`` 0: norm only), step; returns the norm before clipping."""
+        norm = self.model.clip_grad_norm_(self.config.clip_grad or math.inf)
+        self.optimizer.step()
+        return float(norm)
+
+
+def fsdp_checkpoint_state(model: TrainModel, optimizer: FSDPOptimizer, with_optimizer: bool = True) -> dict:
+    """``{"model": DTensor state dict, "optimizer": optimizer_state_dict}`` for ``torch.distributed.checkpoint``
+    (collective)."""
+    from mcore_fsdp import optimizer_state_dict
+
+    sharded = model.chunks[0]
+    state = {"model": sharded.state_dict()}
+    if with_optimizer:
+        state["optimizer"] = optimizer_state_dict(sharded, optimizer.optimizer)
+    return state
+
+
+def load_fsdp_checkpoint_state(model: TrainModel, optimizer: FSDPOptimizer, state: dict) -> None:
+    """Load what ``DistributedCheckpointer.load`` filled into ``fsdp_checkpoint_state``'s dict."""
+    from mcore_fsdp import load_optimizer_state_dict
+
+    sharded = model.chunks[0]
+    sharded.load_state_dict(state["model"])
+    if "optimizer" in state:
+        load_optimizer_state_dict(sharded, optimizer.optimizer, state["optimizer"])
+
+
+def fsdp_full_model(model: TrainModel, config: TrainModelConfig, groups: ProcessGroupCollection) -> GPTModel:
+    """An unsharded ``GPTModel`` holding the sharded model's gathered weights (collective)."""
+    full = model.chunks[0].full_state_dict()
+    plain = GPTModel(config, model.chunks[0].vocab_size, pg_collection=groups)
+    plain.load_state_dict(full)
+    return plain

@@ -33,7 +33,13 @@ from .batches import iteration_micro_batches, open_train_data
 from .checkpointing import load_training_checkpoint, save_training_checkpoint
 from .config import TrainConfigs
 from .evaluation import evaluate
-from .fsdp import check_fsdp_available
+from .fsdp import (
+    FSDPOptimizer,
+    build_fsdp_train_model,
+    check_fsdp_available,
+    check_fsdp_layout,
+    fsdp_full_model,
+)
 from .generation import greedy_generate
 from .lr_schedule import learning_rate
 from .model_setup import build_train_model, reduce_tensor_parallel_partial_grads
@@ -84,6 +90,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
         raise ConfigError(
             ["context_parallel_size", "expert_model_parallel_size"], "mcore-train supports CP = EP = 1 so far"
         )
+    if training.fsdp:
+        check_fsdp_layout(configs)
     training = dataclasses.replace(training, global_batch_size=global_batch)
     return dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
 
@@ -127,8 +135,15 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         if rank == 0:
             dist.barrier()
     with timers.startup_phase("model"):
-        model = build_train_model(model_config, data.tokenizer.vocab_size, groups, configs.ddp, training.seed)
-        optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
+        vocab_size = data.tokenizer.vocab_size
+        if training.fsdp:
+            model = build_fsdp_train_model(
+                model_config, vocab_size, groups, training.fsdp_strategy, training.seed
+            )
+            optimizer = FSDPOptimizer(model.ddp, configs.optimizer)
+        else:
+            model = build_train_model(model_config, vocab_size, groups, configs.ddp, training.seed)
+            optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
     checkpointer = DistributedCheckpointer(configs.checkpoint)
     start, history = 0, {"train": [], "heldout": [], "lr": []}
     load_dir = configs.checkpoint.load
@@ -154,7 +169,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if is_writer and start:
         progress.write(f"resumed from {load_dir} at iteration {start}")
     model.train(True)
-    last_saved = None
+    last_saved, straggler_reports = None, []
     began = time.perf_counter()
     for iteration in range(start + 1, training.train_iters + 1):
         timers("iteration").start()
@@ -193,6 +208,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:
+                straggler_reports.append({"iteration": iteration, **dataclasses.asdict(report)})
                 progress.write(f"straggler report at iteration {iteration}: {report}")
         if (
             training.eval_interval
@@ -228,8 +244,11 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             last_saved = save_training_checkpoint(
                 checkpointer, model, optimizer, groups.tp, training.train_iters, history
             )
+    with _timed(timers, "save"):
+        checkpointer.wait()  # an asynchronous save is complete and marked latest from here on
     if training.export_hf:
-        _export_hf(model, groups, training.export_hf)
+        exported = fsdp_full_model(model, model_config, groups) if training.fsdp else model.chunks[0]
+        _export_hf(exported, model, groups, training.export_hf)
     sample = None
     if training.sample_tokens:
         prompt = data.tokenizer.encode(training.sample_prompt)
@@ -246,7 +265,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             pad_multiple=pad,
         )
         sample = data.tokenizer.decode(ids)
-    parameters = _count_parameters(model, groups)
+    parameters = _count_parameters(model, groups, training.fsdp)
     tensorboard.close()
     if grad_logger is not None:
         grad_logger.remove()
@@ -267,6 +286,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             + f" DP={dp_size}"
             + (" SP" if model_config.sequence_parallel else "")
             + (" distributed-optimizer" if configs.ddp.use_distributed_optimizer else "")
+            + (f" FSDP({training.fsdp_strategy})" if training.fsdp else "")
         ),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
@@ -287,6 +307,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         "mean_seconds": {name: timers(name).average() for name in timers.names() if timers(name).count},
         "output_dir": str(output_dir.resolve()),
         "history": history,
+        "straggler_reports": straggler_reports,
     }
     write_loss_plot(output_dir / "loss.png", history, data.unigram_baseline)
     if sample is not None:
@@ -298,8 +319,11 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     return report
 
 
-def _count_parameters(model, groups) -> int:
+def _count_parameters(model, groups, fsdp: bool = False) -> int:
     """Parameters of the whole model over all shards and stages (collective)."""
+    if fsdp:  # the DTensor state dict has the global shapes
+        names = {name for name, _ in model.chunks[0].named_parameters()}
+        return sum(t.numel() for name, t in model.chunks[0].state_dict().items() if name in names)
     tp = dist.get_world_size(groups.tp)
     local = sum(
         p.numel() * (1.0 if getattr(p, "tensor_model_parallel", False) else 1.0 / tp)
@@ -320,13 +344,14 @@ def _log_grads(logger: DataGradientLogger, model) -> None:
         p.grad = None
 
 
-def _export_hf(model, groups, directory: str) -> None:
+def _export_hf(exported, model, groups, directory: str) -> None:
+    """``exported`` (this rank's unsharded ``GPTModel``) as a Hugging Face Llama checkpoint."""
     from ..hf.checkpoint import export_hf_checkpoint
 
     if len(model.chunks) != 1 or dist.get_world_size(groups.pp) != 1:
         raise ConfigError(["export_hf", "pipeline_model_parallel_size"], "Hugging Face export needs PP = 1")
     if dist.get_rank(groups.dp) == 0:
-        export_hf_checkpoint(model.chunks[0], directory, model_type="llama")
+        export_hf_checkpoint(exported, directory, model_type="llama")
     dist.barrier()
 
 
