@@ -26,6 +26,7 @@ from mcore_parallel import (
     initialize_model_parallel,
     latest_iteration,
     model_parallel_manual_seed,
+    reduce_sequence_parallel_grads,
 )
 
 from ..debug.grad_logger import DataGradientLogger
@@ -42,7 +43,7 @@ from .fsdp import (
 )
 from .generation import greedy_generate
 from .lr_schedule import learning_rate
-from .model_setup import build_train_model, reduce_tensor_parallel_partial_grads
+from .model_setup import build_train_model
 from .optimizer import build_optimizer
 from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
@@ -190,7 +191,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             timers("forward-backward").start()
             losses = run_micro_batches(model, batches, groups, dtype=dtype)
             timers("forward-backward").stop()
-            reduce_tensor_parallel_partial_grads(model, groups.tp)
+            reduce_sequence_parallel_grads(model.container, groups.tp)  # their main_grads
             if grad_logger is not None:
                 _log_grads(grad_logger, model)
             timers("optimizer").start()

@@ -98,21 +98,3 @@ def _check_overlap(
             "overlapped gradient reduction cannot be combined with parameters whose gradients are summed "
             "over tensor-parallel ranks after backward (sequence parallelism, qk-norm)",
         )
-
-
-def reduce_tensor_parallel_partial_grads(model: TrainModel, tp_group: dist.ProcessGroup) -> None:
-    """Sum over ``tp_group`` the ``main_grad`` of parameters tagged ``sequence_parallel``.
-
-    Such parameters (norms and biases under sequence parallelism, qk-norm weights) are replicated
-    on every TP rank but each rank's backward saw part of their use. DDP has moved the gradients
-    into ``main_grad``, which is what is reduced here.
-    """
-    if dist.get_world_size(tp_group) == 1:
-        return
-    grads = [p.main_grad for p in model.container.parameters() if getattr(p, "sequence_parallel", False)]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=tp_group)
-    for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-        grad.copy_(summed.view_as(grad))
