@@ -70,6 +70,13 @@ def vocab_parallel_cross_entropy(
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    return _VocabParallelCrossEntropy.apply(
-        vocab_parallel_logits, target, resolve_tp_group(tp_group), label_smoothing
-    )
+    group = resolve_tp_group(tp_group)
+    if dist.get_world_size(group) == 1:  # the whole vocabulary is here: PyTorch's fused kernel
+        loss = torch.nn.functional.cross_entropy(
+            vocab_parallel_logits.float().flatten(0, -2),
+            target.flatten(),
+            reduction="none",
+            label_smoothing=label_smoothing,
+        )
+        return loss.view(target.shape)
+    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, group, label_smoothing)
