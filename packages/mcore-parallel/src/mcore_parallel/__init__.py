@@ -30,6 +30,7 @@ from mcore_parallel.device import get_backend, get_device, get_group_device, syn
 from mcore_parallel.distributed.data_parallel import DistributedDataParallel
 from mcore_parallel.distributed.grad_bucket import GradBucket
 from mcore_parallel.distributed.grad_buffer import ParamAndGradBuffer
+from mcore_parallel.optimizer.adam import build_adam_optimizer
 from mcore_parallel.optimizer.distributed_optimizer import DistributedOptimizer
 from mcore_parallel.optimizer.grad_norm import clip_grad_norm
 from mcore_parallel.parallel_state import destroy_model_parallel, initialize_model_parallel
@@ -117,6 +118,7 @@ __all__ = [
     "add_dataclass_arguments",
     "all_to_all",
     "broadcast_free_port",
+    "build_adam_optimizer",
     "check_gradient",
     "checkpoint",
     "checkpoint_dir",

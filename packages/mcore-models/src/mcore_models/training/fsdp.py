@@ -12,13 +12,18 @@ from __future__ import annotations
 import math
 
 import torch
-from mcore_parallel import ConfigError, OptimizerConfig, ProcessGroupCollection, model_parallel_manual_seed
+from mcore_parallel import (
+    ConfigError,
+    OptimizerConfig,
+    ProcessGroupCollection,
+    build_adam_optimizer,
+    model_parallel_manual_seed,
+)
 
 from ..models.gpt.model import GPTModel
 from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
 from .model_setup import TrainModel
-from .optimizer import adam_optimizer
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
@@ -88,7 +93,7 @@ class FSDPOptimizer:
 
     def __init__(self, model: torch.nn.Module, config: OptimizerConfig):
         self.model, self.config = model, config
-        self.optimizer = adam_optimizer(model.parameters(), config)
+        self.optimizer = build_adam_optimizer(model.parameters(), config)
 
     @property
     def param_groups(self) -> list[dict]:

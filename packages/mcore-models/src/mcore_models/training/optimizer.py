@@ -15,22 +15,11 @@ from mcore_parallel import (
     DistributedOptimizer,
     OptimizerConfig,
     ProcessGroupCollection,
+    build_adam_optimizer,
     clip_grad_norm,
 )
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
-
-
-def adam_optimizer(params, config: OptimizerConfig) -> torch.optim.Optimizer:
-    """``torch.optim`` Adam, or AdamW with ``decoupled_weight_decay``, with ``config``'s hyperparameters."""
-    adam = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
-    return adam(
-        params,
-        lr=config.lr,
-        betas=(config.adam_beta1, config.adam_beta2),
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
-    )
 
 
 class LocalOptimizer:
@@ -51,7 +40,7 @@ class LocalOptimizer:
         self.main_params = [
             p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float()) for p in self.params
         ]
-        self.optimizer = adam_optimizer(self.main_params, config)
+        self.optimizer = build_adam_optimizer(self.main_params, config)
 
     @property
     def param_groups(self) -> list[dict]:

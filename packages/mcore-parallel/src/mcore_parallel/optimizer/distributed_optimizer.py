@@ -11,7 +11,8 @@ from ..device import get_group_device
 from ..distributed.data_parallel import DistributedDataParallel
 from ..distributed.grad_bucket import GradBucket
 from ..process_groups.collection import ProcessGroupCollection
-from .grad_norm import all_reduce_grad_norm, counts_toward_grad_norm
+from .adam import build_adam_optimizer
+from .grad_norm import all_reduce_grad_norm, counts_toward_grad_norm, sum_of_squares
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -56,14 +57,7 @@ class DistributedOptimizer:
                 self.offloaded_numel += bucket.shard_numel
             main = bucket.local_param_view().detach().to(device=device, dtype=torch.float32, copy=True)
             self.main_params.append(torch.nn.Parameter(main))
-        adam = torch.optim.AdamW if self.config.decoupled_weight_decay else torch.optim.Adam
-        self.optimizer = adam(
-            self.main_params,
-            lr=self.config.lr,
-            betas=(self.config.adam_beta1, self.config.adam_beta2),
-            eps=self.config.adam_eps,
-            weight_decay=self.config.weight_decay,
-        )
+        self.optimizer = build_adam_optimizer(self.main_params, self.config)
 
     @property
     def param_groups(self) -> list[dict]:
@@ -93,14 +87,14 @@ class DistributedOptimizer:
     def _global_grad_norm(self) -> float:
         """Norm of the whole model's gradient; each element counted once (see ``grad_norm``)."""
         tp_group = self.process_groups.tp if self.process_groups is not None else None
-        squares = torch.zeros((), dtype=torch.float64)
+        owned = []
         for main, bucket in zip(self.main_params, self.buckets, strict=True):
             shard_end = bucket.shard_start + bucket.shard_numel
             for param, offset in bucket.param_offsets.items():
                 start, end = max(offset, bucket.shard_start), min(offset + param.numel(), shard_end)
                 if start < end and counts_toward_grad_norm(param, tp_group):
-                    owned = main.grad[start - bucket.shard_start : end - bucket.shard_start]
-                    squares += owned.double().square().sum().cpu()
+                    owned.append(main.grad[start - bucket.shard_start : end - bucket.shard_start])
+        squares = sum_of_squares(owned)
         model_parallel = self.process_groups.mp if self.process_groups is not None else None
         return all_reduce_grad_norm(squares, [self.model.dp_group, model_parallel])
 

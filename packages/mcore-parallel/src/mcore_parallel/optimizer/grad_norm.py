@@ -26,6 +26,14 @@ def counts_toward_grad_norm(param: torch.Tensor, tp_group: dist.ProcessGroup | N
     return dist.get_rank(tp_group) == 0
 
 
+def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Float64 sum of squares of ``tensors``, added up on the device of the first (no host sync)."""
+    sums = [tensor.detach().double().square().sum() for tensor in tensors]
+    if not sums:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack([part.to(sums[0].device) for part in sums]).sum()
+
+
 def all_reduce_grad_norm(
     local_sum_of_squares: torch.Tensor, groups: Iterable[dist.ProcessGroup | None]
 ) -> float:
@@ -56,10 +64,7 @@ def clip_grad_norm(
         grad = param.grad if grad is None else grad
         if grad is not None:
             grads.append((param, grad))
-    local = torch.zeros((), dtype=torch.float64)
-    for param, grad in grads:
-        if counts_toward_grad_norm(param, tp_group):
-            local += grad.detach().double().square().sum().cpu()
+    local = sum_of_squares(grad for param, grad in grads if counts_toward_grad_norm(param, tp_group))
     norm = all_reduce_grad_norm(local, [process_groups.mp if process_groups is not None else None])
     if max_norm > 0 and norm > max_norm:
         for _, grad in grads:
