@@ -2,7 +2,7 @@
 batches) and, when installed in another environment, vLLM's CPU build; same random-weight Llama
 (hidden 512, 8 layers, 8 heads, 4 KV heads, head_dim 64, vocab 32000, bf16), same requests.
 
-    uv run python benchmarks/inference_throughput.py [--quick]
+    uv run python benchmarks/inference_throughput.py [--quick] [--device cuda [--cuda-graphs]]
 
 vLLM: set ``MCORE_BENCH_VLLM_PYTHON`` to the python of an environment with vLLM's CPU build; the
 script runs the same workload there in a subprocess (``--vllm-worker``). Without it, vLLM is
@@ -52,7 +52,7 @@ def save_model(directory: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(directory)
 
 
-def run_mcore(directory: Path, requests) -> float:
+def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> float:
     import torch
     import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine, SamplingParams
@@ -62,9 +62,14 @@ def run_mcore(directory: Path, requests) -> float:
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     model = import_hf_checkpoint(directory, pg_collection=ProcessGroupCollection(tp=dist.new_group([0])))
-    model.to(torch.bfloat16)
+    model.to(device=device, dtype=torch.bfloat16)
     engine = DynamicInferenceEngine(
-        model, kv_cache_memory=2 << 30, block_size=16, max_requests=64, max_tokens=512
+        model,
+        kv_cache_memory=2 << 30,
+        block_size=16,
+        max_requests=64,
+        max_tokens=512,
+        cuda_graphs=cuda_graphs,
     )
     engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, num_tokens_to_generate=2))  # warm-up
     start = time.perf_counter()
@@ -76,12 +81,12 @@ def run_mcore(directory: Path, requests) -> float:
     return sum(len(r.generated_tokens) for r in done) / elapsed
 
 
-def run_hf(directory: Path, requests, batch_size: int) -> float:
+def run_hf(directory: Path, requests, batch_size: int, device: str) -> float:
     import torch
     import transformers
 
-    model = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
-    model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)  # warm-up
+    model = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
+    model.generate(torch.tensor([[1, 2, 3]], device=device), max_new_tokens=2, do_sample=False)  # warm-up
     generated = 0
     start = time.perf_counter()
     for first in range(0, len(requests), batch_size):
@@ -95,14 +100,16 @@ def run_hf(directory: Path, requests, batch_size: int) -> float:
         new = max(n for _, n in batch)  # a static batch runs until its longest request is done
         with torch.no_grad():
             model.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
                 max_new_tokens=new,
                 min_new_tokens=new,
                 do_sample=False,
                 pad_token_id=0,
             )
         generated += sum(n for _, n in batch)  # only the tokens each request asked for count
+    if device == "cuda":
+        torch.cuda.synchronize()
     return generated / (time.perf_counter() - start)
 
 
@@ -124,6 +131,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--cuda-graphs", action="store_true", help="mcore decode steps through CUDA graphs")
     parser.add_argument("--vllm-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     count = args.requests or (8 if args.quick else 64)
@@ -141,12 +150,14 @@ def main() -> None:
         "generated_tokens": sum(n for _, n in requests),
         "prompt_tokens": sum(len(p) for p, _ in requests),
         "threads": args.threads,
+        "device": args.device,
+        "cuda_graphs": args.cuda_graphs,
     }
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         save_model(directory)
-        results["mcore_tokens_per_s"] = run_mcore(directory, requests)
-        results["hf_tokens_per_s"] = run_hf(directory, requests, args.hf_batch_size)
+        results["mcore_tokens_per_s"] = run_mcore(directory, requests, args.device, args.cuda_graphs)
+        results["hf_tokens_per_s"] = run_hf(directory, requests, args.hf_batch_size, args.device)
         vllm_python = os.environ.get("MCORE_BENCH_VLLM_PYTHON")
         if vllm_python:
             command = [vllm_python, __file__, "--vllm-worker", str(directory), "--requests", str(count)]

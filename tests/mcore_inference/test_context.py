@@ -25,7 +25,8 @@ def test_budget_in_bytes_and_as_fraction():
     context = DynamicInferenceContext(**SHAPE, kv_cache_memory=10 * PER_BLOCK + PER_BLOCK // 2)
     assert context.bytes_per_block == PER_BLOCK and context.num_blocks == 10
     assert context.memory_bytes == 10 * PER_BLOCK and context.max_sequence_length == 40
-    assert context.kv_cache.shape == (2, 2, 40, 2, 8)
+    assert context.kv_cache.shape == (2, 2, 40 + 1, 2, 8)  # and the padding slot
+    assert context.padding_slot == 40
     assert DynamicInferenceContext(**SHAPE, kv_cache_memory=1e-6).num_blocks >= 1
     for bad in (0, -5, 1.5, True):
         with pytest.raises(ValueError, match="kv_cache_memory"):

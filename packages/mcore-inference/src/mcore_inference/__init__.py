@@ -6,7 +6,8 @@ from importlib.metadata import version as _version
 from mcore_inference.attention import paged_attention
 from mcore_inference.block_allocator import BlockAllocator, block_hash
 from mcore_inference.buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
-from mcore_inference.context import DynamicInferenceContext, ScheduledChunk
+from mcore_inference.context import DecodeBuffers, DecodeView, DynamicInferenceContext, ScheduledChunk
+from mcore_inference.cuda_graphs import DecodeGraphRunner
 from mcore_inference.engine import DynamicInferenceEngine
 from mcore_inference.errors import (
     BlockOverflowError,
@@ -29,6 +30,9 @@ __all__ = [
     "BlockAllocator",
     "BlockOverflowError",
     "ContextOverflowError",
+    "DecodeBuffers",
+    "DecodeGraphRunner",
+    "DecodeView",
     "DynamicInferenceContext",
     "DynamicInferenceEngine",
     "EngineShutdownError",

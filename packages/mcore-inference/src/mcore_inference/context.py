@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,43 @@ class _AttentionGroup:
     rows: slice | torch.Tensor  # rows of the flattened step
     key_slots: torch.Tensor  # [B, L]
     query_positions: torch.Tensor  # [B, Q]
+
+
+class DecodeView(NamedTuple):
+    """The tensors of one padded decode shape: ``rows`` requests, ``width`` key slots each."""
+
+    input_ids: torch.Tensor  # [1, rows]
+    position_ids: torch.Tensor  # [1, rows]
+    query_positions: torch.Tensor  # [rows, 1], the same memory as position_ids
+    token_slots: torch.Tensor  # [rows]
+    key_slots: torch.Tensor  # [rows, width]
+    logits_indices: torch.Tensor  # [rows]: 0 .. rows - 1
+
+
+class DecodeBuffers:
+    """Device tensors at fixed addresses that padded decode steps of up to ``max_rows`` requests
+    and ``max_width`` key slots read: a CUDA graph captured over a ``view`` replays on whatever
+    a later step copies into the same view."""
+
+    def __init__(self, max_rows: int, max_width: int, device: torch.device):
+        self.max_rows, self.max_width = max_rows, max_width
+        self._ids = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self._positions = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self._token_slots = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self._key_slots = torch.zeros(max_rows * max_width, dtype=torch.long, device=device)
+        self._rows = torch.arange(max_rows, device=device)
+
+    def view(self, rows: int, width: int) -> DecodeView:
+        if not (1 <= rows <= self.max_rows and 1 <= width <= self.max_width):
+            raise ValueError(f"a view of {rows} x {width} exceeds {self.max_rows} x {self.max_width}")
+        return DecodeView(
+            self._ids[:rows].view(1, rows),
+            self._positions[:rows].view(1, rows),
+            self._positions[:rows].view(rows, 1),
+            self._token_slots[:rows],
+            self._key_slots[: rows * width].view(rows, width),
+            self._rows[:rows],
+        )
 
 
 def _free_memory_bytes(device: torch.device) -> int:
@@ -147,18 +184,29 @@ class DynamicInferenceContext:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes the cache takes while allocated."""
+        """Bytes the cache blocks take while allocated (the padding slot aside)."""
         return self.num_blocks * self.bytes_per_block
 
     @property
     def is_allocated(self) -> bool:
         return self.kv_cache is not None
 
+    @property
+    def padding_slot(self) -> int:
+        """The cache slot past every block where padded rows of a static-shape step write."""
+        return self.num_blocks * self.block_size
+
     def allocate(self) -> None:
-        """Create the (zeroed) cache tensors and forget every block assignment."""
-        slots = self.num_blocks * self.block_size
+        """Create the (zeroed) cache tensors, blocks plus the padding slot, and forget every block
+        assignment."""
         self.kv_cache = torch.zeros(
-            self.num_layers, 2, slots, self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device
+            self.num_layers,
+            2,
+            self.padding_slot + 1,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
         )
         self.allocator.reset()
 
@@ -234,9 +282,40 @@ class DynamicInferenceContext:
         as_row = {"dtype": torch.long, "device": self.device}
         return torch.tensor([ids], **as_row), torch.tensor([positions], **as_row), logits_slices
 
-    def _key_slots(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
-        """``[B, L]`` cache slots of positions ``0 .. L - 1`` of each chunk's request (0 past its end)."""
-        length = max(chunk.end for chunk in chunks)
+    def prepare_padded_decode(
+        self, chunks: Sequence[ScheduledChunk], buffers: DecodeBuffers, rows: int, key_blocks: int
+    ) -> list[slice]:
+        """Lay out one-token ``chunks`` padded to ``rows`` requests seeing ``key_blocks`` blocks each,
+        in ``buffers``' views of that shape (which a captured CUDA graph reads); return, per chunk,
+        its rows of the step's logits (``logits_indices`` is every row). Padded rows are token 0 at
+        position 0 writing and reading only ``padding_slot``."""
+        if any(chunk.length != 1 for chunk in chunks) or len(chunks) > rows:
+            raise ValueError(f"a padded decode step takes at most {rows} one-token chunks")
+        if max(chunk.end for chunk in chunks) > key_blocks * self.block_size:
+            raise ValueError(f"a chunk in this step sees more than {key_blocks} blocks")
+        width = key_blocks * self.block_size
+        key_slots = torch.full((rows, width), self.padding_slot, dtype=torch.long)
+        key_slots[: len(chunks)] = self._key_slots(chunks, width, on_device=False)
+        ids = torch.zeros(rows, dtype=torch.long)
+        ids[: len(chunks)] = torch.tensor([chunk.request.tokens[chunk.start] for chunk in chunks])
+        positions = torch.zeros(rows, dtype=torch.long)
+        positions[: len(chunks)] = torch.tensor([chunk.start for chunk in chunks])
+        view = buffers.view(rows, width)
+        view.input_ids.copy_(ids.unsqueeze(0))
+        view.position_ids.copy_(positions.unsqueeze(0))  # query_positions share this memory
+        view.key_slots.copy_(key_slots)
+        view.token_slots.copy_(key_slots.gather(1, positions.unsqueeze(1)).squeeze(1))
+        self._slots = view.token_slots
+        self._groups = [_AttentionGroup(slice(0, rows), view.key_slots, view.query_positions)]
+        self.logits_indices = view.logits_indices
+        return [slice(i, i + 1) if chunk.logits != "none" else slice(i, i) for i, chunk in enumerate(chunks)]
+
+    def _key_slots(
+        self, chunks: Sequence[ScheduledChunk], length: int | None = None, *, on_device: bool = True
+    ) -> torch.Tensor:
+        """``[B, L]`` cache slots of positions ``0 .. L - 1`` of each chunk's request (0 past its end);
+        ``L`` is the longest chunk end unless given (a multiple of ``block_size``)."""
+        length = max(chunk.end for chunk in chunks) if length is None else length
         width = self.blocks_needed(length)
         table = torch.zeros(len(chunks), width, dtype=torch.long)
         for i, chunk in enumerate(chunks):
@@ -244,7 +323,7 @@ class DynamicInferenceContext:
             table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
         positions = torch.arange(length)
         slots = table[:, positions // self.block_size] * self.block_size + positions % self.block_size
-        return slots.to(self.device)
+        return slots.to(self.device) if on_device else slots
 
     def _token_slots(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         slots: list[int] = []

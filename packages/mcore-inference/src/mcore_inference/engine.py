@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .buckets import InferenceBatchDimensions, build_batch_buckets
 from .context import DynamicInferenceContext, ScheduledChunk
+from .cuda_graphs import DecodeGraphRunner
 from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError
 from .request import Request, RequestEventType, RequestOutput, RequestStatus
 from .sampler import sample
@@ -37,6 +40,11 @@ class DynamicInferenceEngine:
     every tensor-parallel rank; sampled tokens are broadcast from the first rank of the group).
     ``context`` defaults to ``DynamicInferenceContext.from_model(model, **context_kwargs)``.
     The end-of-sequence id is ``eos_token_id``, else the tokenizer's ``eod_id``, else none.
+
+    ``cuda_graphs`` (``True``: ``build_batch_buckets(max_requests, max_tokens)``, or a list of
+    buckets) runs decode-only steps padded to the decode-only buckets through CUDA graphs (see
+    ``DecodeGraphRunner``); steps with a prefill chunk run eagerly. On a CPU model the padded
+    steps run eagerly, with a warning.
     """
 
     def __init__(
@@ -48,6 +56,7 @@ class DynamicInferenceEngine:
         eos_token_id: int | None = None,
         seed: int = 0,
         max_transient_retries: int = 2,
+        cuda_graphs: bool | Sequence[InferenceBatchDimensions] = False,
         **context_kwargs: Any,
     ):
         self.model = model.eval()
@@ -72,6 +81,25 @@ class DynamicInferenceEngine:
         self._suspended = False
         self._shutdown = False
         self.step_count = 0
+        self.graph_runner = self._graph_runner(cuda_graphs)
+
+    def _graph_runner(
+        self, cuda_graphs: bool | Sequence[InferenceBatchDimensions]
+    ) -> DecodeGraphRunner | None:
+        if cuda_graphs is False:
+            return None
+        context = self.context
+        if cuda_graphs is True:
+            cuda_graphs = build_batch_buckets(
+                min(context.max_requests, context.max_tokens), context.max_tokens
+            )
+        capture = context.device.type == "cuda"
+        if not capture:
+            warnings.warn(
+                f"cuda_graphs needs a CUDA model; padded decode steps run eagerly on {context.device}",
+                stacklevel=3,
+            )
+        return DecodeGraphRunner(self.model, context, cuda_graphs, capture=capture)
 
     # ----------------------------------------------------------------- requests
     def add_request(
@@ -148,11 +176,15 @@ class DynamicInferenceEngine:
                 return []
             self.step_count += 1
             try:
-                input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
-                with torch.inference_mode():
-                    logits = self.model(input_ids, position_ids=position_ids, inference_context=self.context)[
-                        0
-                    ]
+                padded = self.graph_runner.run(chunks) if self.graph_runner is not None else None
+                if padded is not None:
+                    logits, logits_slices = padded
+                else:
+                    input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
+                    with torch.inference_mode():
+                        logits = self.model(
+                            input_ids, position_ids=position_ids, inference_context=self.context
+                        )[0]
             except Exception as error:  # a failed forward: recompute these requests, a few times
                 return self._retry(chunks, error)
             return self._advance(chunks, logits, logits_slices)
@@ -357,6 +389,8 @@ class DynamicInferenceEngine:
             for request in self.scheduler.requeue_all():
                 request.add_event(RequestEventType.PAUSE)
             self._suspended = True
+            if self.graph_runner is not None:
+                self.graph_runner.reset()
             return self.context.deallocate()
 
     def resume(self) -> None:
