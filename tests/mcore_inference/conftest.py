@@ -1,4 +1,4 @@
-"""Tiny GPT models in a one-process group, and the full-recompute greedy oracle."""
+"""Tiny GPT models in a one-process group or split over ranks, and the full-recompute greedy oracle."""
 
 import pytest
 import torch
@@ -23,7 +23,8 @@ VARIANTS = {
 }
 
 
-def build_model(variant="llama-like", groups=None, seed=0, tp=1):
+def build_model(variant="llama-like", groups=None, seed=0, tp=1, **stage):
+    """``stage``: ``pre_process`` / ``post_process`` of a pipeline stage."""
     from mcore_models import GPTModel, TransformerConfig
 
     config = TransformerConfig(
@@ -37,12 +38,35 @@ def build_model(variant="llama-like", groups=None, seed=0, tp=1):
         **VARIANTS[variant],
     )
     torch.manual_seed(seed)
-    model = GPTModel(config, VOCAB, pg_collection=groups).eval()
+    model = GPTModel(config, VOCAB, pg_collection=groups, **stage).eval()
     with torch.no_grad():  # non-zero sinks, so they matter
         for name, p in model.named_parameters():
             if name.endswith("softmax_offset"):
                 p.copy_(torch.linspace(-1.0, 1.0, p.numel()))
     return model
+
+
+def build_split_model(variant="llama-like", tp=1, pp=1, seed=0):
+    """This rank's stage of a ``tp x pp`` model (groups from ``initialize_model_parallel``) and, in
+    this process, the whole model whose weights it holds (collective over the world)."""
+    from mcore_models.hf.sharding import load_full_state_dict
+    from mcore_parallel import ProcessGroupCollection, initialize_model_parallel
+
+    singles = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    whole = build_model(variant, ProcessGroupCollection(tp=singles[dist.get_rank()]), seed)
+    groups = initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    stage, last = dist.get_rank(groups.pp), dist.get_world_size(groups.pp) - 1
+    model = build_model(variant, groups, seed, tp, pre_process=stage == 0, post_process=stage == last)
+    full = whole.state_dict()
+    numbers = [layer.layer_number for layer in model.decoder.layers]  # 1-based, global
+    local = {}
+    for name in model.state_dict():
+        parts = name.split(".")
+        if parts[:2] == ["decoder", "layers"]:
+            parts[2] = str(numbers[int(parts[2])] - 1)
+        local[name] = full[".".join(parts)]
+    load_full_state_dict(model, local, groups.tp)
+    return model, whole
 
 
 def greedy_oracle(model, prompt, num_tokens):
@@ -107,3 +131,33 @@ def make_engine():
 def model_builder():
     """``build_model(variant, groups, seed, tp)`` for bodies that set up their own groups."""
     return build_model
+
+
+@pytest.fixture
+def split_model_builder():
+    """``build_split_model(variant, tp, pp, seed) -> (stage, whole)`` for distributed bodies."""
+    return build_split_model
+
+
+class FlakyModel:
+    """Wraps a model; its forward raises for the first ``failures`` calls."""
+
+    def __init__(self, model, failures):
+        self.model, self.failures = model, failures
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def eval(self):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("device hiccup")
+        return self.model(*args, **kwargs)
+
+
+@pytest.fixture
+def flaky_model():
+    return FlakyModel

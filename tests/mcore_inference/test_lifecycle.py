@@ -57,35 +57,16 @@ def test_events_timestamps_and_dict(make_model, make_engine):
     assert data["sampling_params"]["num_tokens_to_generate"] == 5 and data["finish_reason"] == "length"
 
 
-class _FlakyModel:
-    """Wraps a model; its forward raises for the first ``failures`` calls."""
-
-    def __init__(self, model, failures):
-        self.model, self.failures = model, failures
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def eval(self):
-        return self
-
-    def __call__(self, *args, **kwargs):
-        if self.failures:
-            self.failures -= 1
-            raise RuntimeError("device hiccup")
-        return self.model(*args, **kwargs)
-
-
-def test_transient_error_is_retried_then_fails(make_model, make_engine, oracle):
+def test_transient_error_is_retried_then_fails(make_model, make_engine, oracle, flaky_model):
     model = make_model()
-    engine = make_engine(_FlakyModel(model, failures=1))
+    engine = make_engine(flaky_model(model, failures=1))
     (request,) = engine.generate([[1, 2, 3, 4, 5]], SamplingParams(num_tokens_to_generate=4, **GREEDY))
     kinds = [e.type for e in request.events]
     assert RequestEventType.ERROR_TRANSIENT in kinds and RequestEventType.EVICT in kinds
     assert request.status is RequestStatus.COMPLETED and request.generated_tokens == oracle(
         model, [1, 2, 3, 4, 5], 4
     )
-    broken = make_engine(_FlakyModel(model, failures=100), max_transient_retries=2)
+    broken = make_engine(flaky_model(model, failures=100), max_transient_retries=2)
     (request,) = broken.generate([[1, 2, 3]], SamplingParams(**GREEDY))
     assert request.status is RequestStatus.FAILED and "device hiccup" in request.error
     assert [e.type for e in request.events].count(RequestEventType.ERROR_TRANSIENT) == 2

@@ -13,8 +13,11 @@ import torch.distributed as dist
 from .attention import paged_attention
 from .block_allocator import BlockAllocator
 from .errors import MaxSequenceLengthOverflowError, RequestOverflowError, TokenOverflowError
+from .pipeline import block_count_group, model_groups
 
 if TYPE_CHECKING:
+    from mcore_parallel import ProcessGroupCollection
+
     from .request import Request
 
 
@@ -147,8 +150,13 @@ class DynamicInferenceContext:
         self.allocate()
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, **kwargs) -> DynamicInferenceContext:
-        """A context shaped for ``model`` (an ``mcore_models.GPTModel``, this rank's stage and heads)."""
+    def from_model(
+        cls, model: torch.nn.Module, *, pg_collection: ProcessGroupCollection | None = None, **kwargs
+    ) -> DynamicInferenceContext:
+        """A context shaped for ``model`` (an ``mcore_models.GPTModel``, this rank's stage and heads).
+
+        The block count is agreed over the model-parallel ranks (tensor x pipeline) of the groups
+        ``model`` was built with: ``pg_collection``, else the global ones if ``model`` uses them."""
         config = model.config
         tp_size = dist.get_world_size(model.tp_group)
         layers = model.decoder.layers
@@ -163,7 +171,7 @@ class DynamicInferenceContext:
             "max_sequence_length": config.max_position_embeddings
             if config.position_embedding_type == "learned_absolute"
             else None,
-            "block_count_group": model.tp_group if tp_size > 1 else None,
+            "block_count_group": block_count_group(model, model_groups(model, pg_collection)),
         }
         return cls(**(defaults | kwargs))
 

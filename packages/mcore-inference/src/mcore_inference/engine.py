@@ -9,17 +9,20 @@ import time
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from mcore_parallel import ProcessGroupCollection, get_group_device
 
 from .buckets import InferenceBatchDimensions, build_batch_buckets
 from .context import DynamicInferenceContext, ScheduledChunk
 from .cuda_graphs import DecodeGraphRunner
 from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError
+from .pipeline import PipelineStage, model_groups
 from .request import Request, RequestEventType, RequestOutput, RequestStatus
-from .sampler import sample
+from .sampler import SampledTokens, sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 
@@ -37,14 +40,22 @@ class DynamicInferenceEngine:
     worker thread. A request that cannot be served fails alone with a non-transient error event.
 
     The model is put in eval mode with ``parallel_output = False`` (full-vocabulary logits on
-    every tensor-parallel rank; sampled tokens are broadcast from the first rank of the group).
-    ``context`` defaults to ``DynamicInferenceContext.from_model(model, **context_kwargs)``.
-    The end-of-sequence id is ``eos_token_id``, else the tokenizer's ``eod_id``, else none.
+    every tensor-parallel rank). ``model`` may be one pipeline stage (``pre_process`` /
+    ``post_process`` of its rank in the pipeline group): the stages pass hidden states on and the
+    last one broadcasts its logits to all (``PipelineStage.forward``; a forward that raises on one
+    stage makes every rank raise and retry the step's requests alike). Every rank of the model
+    replica runs its own engine with the same requests added in the same order, and every rank
+    samples; they all take the tokens and log-probabilities of the first tensor-parallel rank of
+    the last stage, so each rank's ``Request`` objects hold the same results. The groups are
+    ``pg_collection``, else the global ones of ``initialize_model_parallel`` if ``model`` uses
+    them. ``context`` defaults to ``DynamicInferenceContext.from_model(model, pg_collection=...,
+    **context_kwargs)``. The end-of-sequence id is ``eos_token_id``, else the tokenizer's
+    ``eod_id``, else none.
 
     ``cuda_graphs`` (``True``: ``build_batch_buckets(max_requests, max_tokens)``, or a list of
     buckets) runs decode-only steps padded to the decode-only buckets through CUDA graphs (see
     ``DecodeGraphRunner``); steps with a prefill chunk run eagerly. On a CPU model the padded
-    steps run eagerly, with a warning.
+    steps run eagerly, with a warning. Not with pipeline stages.
     """
 
     def __init__(
@@ -57,12 +68,15 @@ class DynamicInferenceEngine:
         seed: int = 0,
         max_transient_retries: int = 2,
         cuda_graphs: bool | Sequence[InferenceBatchDimensions] = False,
+        pg_collection: ProcessGroupCollection | None = None,
         **context_kwargs: Any,
     ):
         self.model = model.eval()
         model.parallel_output = False
         self.context = (
-            context if context is not None else DynamicInferenceContext.from_model(model, **context_kwargs)
+            context
+            if context is not None
+            else DynamicInferenceContext.from_model(model, pg_collection=pg_collection, **context_kwargs)
         )
         self.scheduler = Scheduler(self.context)
         self.vocab_size = model.vocab_size
@@ -71,6 +85,7 @@ class DynamicInferenceEngine:
         self.max_transient_retries = max_transient_retries
         tp_group = getattr(model, "tp_group", None)
         self._tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
+        self._pipeline = PipelineStage.of(model, model_groups(model, pg_collection))
         self._generator = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._incoming: deque[Request] = deque()  # appended from any thread, drained by step()
@@ -88,6 +103,10 @@ class DynamicInferenceEngine:
     ) -> DecodeGraphRunner | None:
         if cuda_graphs is False:
             return None
+        if self._pipeline is not None:
+            raise NotImplementedError(
+                "cuda_graphs with pipeline stages is not supported; run the stages eagerly"
+            )
         context = self.context
         if cuda_graphs is True:
             cuda_graphs = build_batch_buckets(
@@ -182,12 +201,16 @@ class DynamicInferenceEngine:
                 else:
                     input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
                     with torch.inference_mode():
-                        logits = self.model(
-                            input_ids, position_ids=position_ids, inference_context=self.context
-                        )[0]
+                        logits = self._forward(input_ids, position_ids)
             except Exception as error:  # a failed forward: recompute these requests, a few times
                 return self._retry(chunks, error)
             return self._advance(chunks, logits, logits_slices)
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """This step's logits ``[k, vocab]`` (rows ``context.logits_indices``), on every rank."""
+        if self._pipeline is not None:
+            return self._pipeline.forward(self.model, input_ids, position_ids, self.context)
+        return self.model(input_ids, position_ids=position_ids, inference_context=self.context)[0]
 
     def _retry(self, chunks: Sequence[ScheduledChunk], error: Exception) -> list[Request]:
         failed = []
@@ -229,7 +252,8 @@ class DynamicInferenceEngine:
             [r.sampling_params for r in requests],
             [r.generator for r in requests],
         )
-        tokens = self._agree_on_tokens(sampled.tokens)
+        sampled = self._agree_on_samples(sampled)
+        tokens = sampled.tokens
         now = time.time()
         for i, request in enumerate(requests):
             token = tokens[i]
@@ -250,12 +274,19 @@ class DynamicInferenceEngine:
                 finished.append(request)
         return finished
 
-    def _agree_on_tokens(self, tokens: list[int]) -> list[int]:
-        if self._tp_group is None:
-            return tokens
-        tensor = torch.tensor(tokens, dtype=torch.long)
-        dist.broadcast(tensor, src=dist.get_global_rank(self._tp_group, 0), group=self._tp_group)
-        return tensor.tolist()
+    def _agree_on_samples(self, sampled: SampledTokens) -> SampledTokens:
+        """The tokens and their log-probabilities of the first tensor-parallel rank of the last
+        pipeline stage: tensor-parallel ranks take their first rank's, then the last stage's."""
+        hops = [] if self._tp_group is None else [(self._tp_group, dist.get_global_rank(self._tp_group, 0))]
+        if self._pipeline is not None:
+            hops.append((self._pipeline.group, self._pipeline.last_rank))
+        if not hops:
+            return sampled
+        device = get_group_device(hops[0][0])  # token ids are exact in float64
+        values = torch.tensor([sampled.tokens, sampled.logprobs], dtype=torch.float64, device=device)
+        for group, source in hops:
+            dist.broadcast(values, src=source, group=group)
+        return replace(sampled, tokens=values[0].long().tolist(), logprobs=values[1].tolist())
 
     def _record_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
         request = chunk.request
