@@ -1,4 +1,5 @@
-"""Distributed checkpoints: reshard across topologies, async save, crash safety, format errors.
+"""Distributed checkpoints: reshard across topologies, async save, entries of one rank, crash safety,
+format errors.
 
 Resharding: a residual-MLP model trains with the distributed optimizer at TP=2 x PP=2, saves after
 step 2 and runs on to step 6 (the uninterrupted run). Loading that checkpoint at TP=1 x DP=4 gives
@@ -153,6 +154,23 @@ def test_async_save_writes_the_state_at_save_time(run_distributed, tmp_path):
     assert latest_iteration(tmp_path) == 1
 
 
+def _entries_of_each_rank(directory):
+    rank = dist.get_rank()
+    checkpointer = DistributedCheckpointer(CheckpointConfig(save=directory, load=directory))
+    own = {f"values.{rank}": torch.full((3,), float(rank)), f"note.{rank}": f"rank {rank}"}
+    checkpointer.save({"shared": torch.ones(2), **own}, 1)
+    loaded = {f"values.{rank}": torch.zeros(3), f"note.{rank}": ""}
+    checkpointer.load(loaded)
+    return checkpointer.saved_keys(), loaded[f"values.{rank}"].tolist(), loaded[f"note.{rank}"]
+
+
+def test_entries_of_one_rank_are_listed_and_load_on_it(run_distributed, tmp_path):
+    results = run_distributed(_entries_of_each_rank, 2, str(tmp_path))
+    for rank, (keys, values, note) in enumerate(results):
+        assert keys == {"shared", "values.0", "values.1", "note.0", "note.1"}
+        assert values == [float(rank)] * 3 and note == f"rank {rank}"
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_killed_save_leaves_previous_checkpoint_loadable(tmp_path):
     config = CheckpointConfig(save=str(tmp_path), load=str(tmp_path))
@@ -190,3 +208,5 @@ def test_format_errors(tmp_path):
         DistributedCheckpointer(CheckpointConfig(ckpt_format="fsdp_dtensor"))
     with pytest.raises(FileNotFoundError, match="nothing has been saved"):
         DistributedCheckpointer(CheckpointConfig(load=str(tmp_path))).load({})
+    with pytest.raises(FileNotFoundError, match="nothing has been saved"):
+        DistributedCheckpointer(CheckpointConfig(load=str(tmp_path))).saved_keys()

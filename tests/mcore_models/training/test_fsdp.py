@@ -1,4 +1,5 @@
-"""``--fsdp``: training through mcore-fsdp repeats plain data parallelism, and resumes exactly."""
+"""``--fsdp``: training through mcore-fsdp repeats plain data parallelism, and resumes exactly (dropout
+on: the random-number states come back too)."""
 
 import pytest
 import torch
@@ -17,11 +18,13 @@ def test_fsdp_losses_equal_data_parallel_and_resume_exactly(
     run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
     plain, _ = _train_losses(
-        run_distributed, tiny_configs(tmp_path / "dp", 4, export_hf=str(tmp_path / "dp-hf"))
+        run_distributed, tiny_configs(tmp_path / "dp", 4, dropout=0.1, export_hf=str(tmp_path / "dp-hf"))
     )
     fsdp, report = _train_losses(
         run_distributed,
-        tiny_configs(tmp_path / "fsdp", 4, save_interval=2, fsdp=True, export_hf=str(tmp_path / "fsdp-hf")),
+        tiny_configs(
+            tmp_path / "fsdp", 4, dropout=0.1, save_interval=2, fsdp=True, export_hf=str(tmp_path / "fsdp-hf")
+        ),
     )
     assert "FSDP(optim_grads_params)" in report["layout"]
     # fp32; the gradients are summed in another order (reduce-scatter of flat buffers vs all-reduce)
@@ -39,7 +42,9 @@ def test_fsdp_losses_equal_data_parallel_and_resume_exactly(
     resumed, report = _train_losses(
         run_distributed,
         # another strategy loads it too
-        tiny_configs(tmp_path / "resumed", 4, load=str(resume_from), fsdp=True, fsdp_strategy="optim"),
+        tiny_configs(
+            tmp_path / "resumed", 4, dropout=0.1, load=str(resume_from), fsdp=True, fsdp_strategy="optim"
+        ),
     )
     assert report["resumed_from"] == 2 and resumed == fsdp
 

@@ -65,8 +65,10 @@ from mcore_parallel.tensor_parallel.mappings import (
 from mcore_parallel.tensor_parallel.random import (
     MODEL_PARALLEL_RNG,
     RNGStatesTracker,
+    get_device_rng_state,
     get_rng_tracker,
     model_parallel_manual_seed,
+    set_device_rng_state,
 )
 from mcore_parallel.tensor_parallel.sequence_parallel_grads import reduce_sequence_parallel_grads
 from mcore_parallel.utils.grad_compare import (
@@ -138,6 +140,7 @@ __all__ = [
     "gather_from_tensor_model_parallel_region",
     "get_backend",
     "get_device",
+    "get_device_rng_state",
     "get_forward_backward_func",
     "get_group_device",
     "get_rng_tracker",
@@ -155,6 +158,7 @@ __all__ = [
     "scatter_to_sequence_parallel_region",
     "scatter_to_tensor_model_parallel_region",
     "schedule_actions",
+    "set_device_rng_state",
     "sharded_frobenius_norm",
     "sharded_model_state_dict",
     "sharded_optimizer_state_dict",

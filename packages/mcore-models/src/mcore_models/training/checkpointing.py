@@ -6,7 +6,8 @@ and ``optimizer.step``. Tensor-parallel shards are described with their global s
 (``sharded_tensor``), so loading reshards them. ``history`` (JSON text, saved with the tensors,
 so an asynchronous save needs nothing written after it) keeps the loss curve so far for the report
 of a resumed run. With ``--fsdp`` the keys are ``model.<name>`` and ``optimizer.state.<name>...``
-of mcore-fsdp's DTensor state dicts instead.
+of mcore-fsdp's DTensor state dicts instead. Either way ``rng.*`` holds each rank's random-number
+states (unless ``no_save_rng``), restored only under the same layout (see ``random_states``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from mcore_parallel import DistributedCheckpointer, checkpoint_dir, sharded_tensor
+from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
+from ..transformer.process_groups import resolve_process_groups
 from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
+from .random_states import restore_rng_state, rng_checkpoint_state, rng_entries_to_load
 
 HISTORY_KEY = "history"
 
@@ -74,9 +77,12 @@ def save_training_checkpoint(
     tp_group: dist.ProcessGroup,
     iteration: int,
     history: dict,
+    groups: ProcessGroupCollection | None = None,
 ) -> Path:
     """Save the checkpoint of ``iteration`` with the loss ``history`` (collective); returns its directory.
 
+    Each rank's random-number states go with it unless ``checkpointer.config.no_save_rng``, recorded
+    with the layout of ``groups`` (default: the global groups of ``initialize_model_parallel``).
     With ``async_save`` the tensors are staged (copied) here and written in the background:
     ``checkpointer.wait()`` (or the next save) completes it and marks it latest."""
     with_optimizer = not checkpointer.config.no_save_optim
@@ -85,6 +91,8 @@ def save_training_checkpoint(
     else:
         state = training_state_dict(model, optimizer, tp_group, with_optimizer)
     state[HISTORY_KEY] = json.dumps(history)
+    if not checkpointer.config.no_save_rng:
+        state |= rng_checkpoint_state(resolve_process_groups(groups))
     if checkpointer.config.async_save:  # torch's stager cannot copy views of DDP's flat buffers
         state = _cloned(state)
     checkpointer.save(state, iteration)
@@ -99,31 +107,43 @@ def _cloned(state):
 
 
 def load_training_checkpoint(
-    checkpointer: DistributedCheckpointer, model: TrainModel, optimizer, tp_group: dist.ProcessGroup
+    checkpointer: DistributedCheckpointer,
+    model: TrainModel,
+    optimizer,
+    tp_group: dist.ProcessGroup,
+    groups: ProcessGroupCollection | None = None,
 ) -> tuple[int, dict]:
     """Load the latest checkpoint of ``checkpointer.config.load`` into model and optimizer (collective).
 
-    Returns the iteration loaded and the saved history (empty when there is none).
+    The random-number states are restored too, unless ``checkpointer.config.no_load_rng``, the
+    checkpoint has none, or it was saved under a layout other than that of ``groups`` (default: the
+    global groups of ``initialize_model_parallel``; then rank 0 warns): in those cases the current
+    states stay. Returns the iteration loaded and the saved history (empty when there is none).
     """
     with_optimizer = not checkpointer.config.no_load_optim
+    groups = resolve_process_groups(groups)
+    rng = rng_entries_to_load(checkpointer, groups)
     if isinstance(optimizer, FSDPOptimizer):
-        state = fsdp_checkpoint_state(model, optimizer, with_optimizer) | {HISTORY_KEY: ""}
+        state = fsdp_checkpoint_state(model, optimizer, with_optimizer) | {HISTORY_KEY: ""} | rng
         iteration = checkpointer.load(state)
         load_fsdp_checkpoint_state(model, optimizer, state)
-        return iteration, json.loads(state[HISTORY_KEY])
-    states = optimizer.gather_param_states() if with_optimizer else None
-    state = training_state_dict(model, optimizer, tp_group, with_optimizer, states) | {HISTORY_KEY: ""}
-    iteration = checkpointer.load(state)
-    if with_optimizer:  # ``states`` now holds the loaded values
-        optimizer.scatter_param_states(states, int(state["optimizer.step"]))
-    else:  # fresh optimizer state on the loaded weights
-        fresh = {
-            p: {
-                "main": p.detach().float(),
-                "exp_avg": torch.zeros_like(p, dtype=torch.float32),
-                "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
+    else:
+        states = optimizer.gather_param_states() if with_optimizer else None
+        state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
+        state |= {HISTORY_KEY: ""} | rng
+        iteration = checkpointer.load(state)
+        if with_optimizer:  # ``states`` now holds the loaded values
+            optimizer.scatter_param_states(states, int(state["optimizer.step"]))
+        else:  # fresh optimizer state on the loaded weights
+            fresh = {
+                p: {
+                    "main": p.detach().float(),
+                    "exp_avg": torch.zeros_like(p, dtype=torch.float32),
+                    "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
+                }
+                for p in model.container.parameters()
             }
-            for p in model.container.parameters()
-        }
-        optimizer.scatter_param_states(fresh, 0)
+            optimizer.scatter_param_states(fresh, 0)
+    if rng:
+        restore_rng_state({key: state[key] for key in rng}, groups)
     return iteration, json.loads(state[HISTORY_KEY])

@@ -1,9 +1,10 @@
 """``pretrain``: the training run of one rank, from process groups to the final report.
 
 Call it on every rank of an initialized default process group (``mcore-train`` launches the
-ranks). The order of things: process groups, data, model and optimizer, checkpoint load, the
-iterations (evaluation and saves on their intervals), then final evaluation, checkpoint, Hugging
-Face export, a greedy sample and, on rank 0, ``loss.png``, ``report.json`` and the summary.
+ranks). The order of things: process groups, data, model and optimizer, the dropout seed (once;
+checkpoints carry the random-number states on), checkpoint load, the iterations (evaluation and
+saves on their intervals), then final evaluation, checkpoint, Hugging Face export, a greedy sample
+and, on rank 0, ``loss.png``, ``report.json`` and the summary.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
 from .schedule import global_mean_loss, run_micro_batches
 from .tensorboard_writer import TensorBoardWriter
+
+_DROPOUT_SEED_OFFSET = 7919  # dropout's streams start from seed + 7919 (the weights': seed + 100 x stage)
 
 
 def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
@@ -145,12 +148,14 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         else:
             model = build_train_model(model_config, vocab_size, groups, configs.ddp, training.seed)
             optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
+    # dropout's streams, seeded once and carried on by checkpoints (a resumed run continues them)
+    model_parallel_manual_seed(training.seed + _DROPOUT_SEED_OFFSET, tp_rank)
     checkpointer = DistributedCheckpointer(configs.checkpoint)
     start, history = 0, {"train": [], "heldout": [], "lr": []}
     load_dir = configs.checkpoint.load
     if load_dir is not None and latest_iteration(load_dir) is not None:
         with timers.startup_phase("checkpoint load"):
-            start, saved = load_training_checkpoint(checkpointer, model, optimizer, groups.tp)
+            start, saved = load_training_checkpoint(checkpointer, model, optimizer, groups.tp, groups)
             history.update(saved)
     elif load_dir is not None and is_writer:
         print(f"no checkpoint in {load_dir}; starting from scratch")
@@ -177,9 +182,6 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         lr = learning_rate(iteration, configs.optimizer.lr, configs.scheduler, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        model_parallel_manual_seed(
-            training.seed + 7919 * iteration, tp_rank
-        )  # dropout: a function of the step
         batches = iteration_micro_batches(
             data.train, iteration, global_batch, micro, dp_rank, dp_size, device
         )
@@ -230,7 +232,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         if interval and iteration % interval == 0 and iteration < training.train_iters:
             with _timed(timers, "save"):
                 last_saved = save_training_checkpoint(
-                    checkpointer, model, optimizer, groups.tp, iteration, history
+                    checkpointer, model, optimizer, groups.tp, iteration, history, groups
                 )
     progress.close()
     train_seconds = time.perf_counter() - began
@@ -243,7 +245,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if iterations_run > 0 or last_saved is None:
         with _timed(timers, "save"):
             last_saved = save_training_checkpoint(
-                checkpointer, model, optimizer, groups.tp, training.train_iters, history
+                checkpointer, model, optimizer, groups.tp, training.train_iters, history, groups
             )
     with _timed(timers, "save"):
         checkpointer.wait()  # an asynchronous save is complete and marked latest from here on

@@ -126,6 +126,29 @@ class DistributedCheckpointer:
         Raises:
             FileNotFoundError: there is no complete checkpoint to load.
         """
+        iteration, directory = self._load_directory(iteration)
+        dcp.load(
+            state_dict,
+            checkpoint_id=directory,
+            process_group=self.process_group,
+            no_dist=not self.distributed,
+        )
+        return iteration
+
+    def saved_keys(self, iteration: int | None = None) -> set[str]:
+        """The keys the checkpoint of ``iteration`` in ``config.load`` (the latest by default) holds,
+        nested dicts flattened to dotted keys as ``load`` matches them (not collective).
+
+        A caller loads optional entries (left out of some checkpoints) only when they are here.
+
+        Raises:
+            FileNotFoundError: there is no complete checkpoint to look at.
+        """
+        directory = self._load_directory(iteration)[1]
+        return set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
+
+    def _load_directory(self, iteration: int | None) -> tuple[int, Path]:
+        """``iteration`` (the latest one when ``None``) and its checkpoint directory under ``config.load``."""
         if self.config.load is None:
             raise ConfigError(["load"], "loading needs a load directory")
         if iteration is None:
@@ -137,10 +160,4 @@ class DistributedCheckpointer:
         directory = checkpoint_dir(self.config.load, iteration)
         if not directory.is_dir():
             raise FileNotFoundError(f"no checkpoint of iteration {iteration} at {directory}")
-        dcp.load(
-            state_dict,
-            checkpoint_id=directory,
-            process_group=self.process_group,
-            no_dist=not self.distributed,
-        )
-        return iteration
+        return iteration, directory
