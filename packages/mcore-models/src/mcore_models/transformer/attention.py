@@ -82,12 +82,15 @@ class SelfAttention(torch.nn.Module):
         )
 
     def split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``[s, b, (n + 2g) d]`` -> ``q [s, b, n, d]``, ``k, v [s, b, g, d]``."""
+        """``[s, b, (n + 2g) d]`` -> ``q [s, b, n, d]``, ``k, v [s, b, g, d]``.
+
+        One ``split`` (not three slices): its backward writes the three gradients into one tensor.
+        """
         s, b, _ = mixed.shape
         per_group = self.num_heads // self.num_groups
         grouped = mixed.view(s, b, self.num_groups, per_group + 2, self.head_dim)
-        query = grouped[:, :, :, :per_group].reshape(s, b, self.num_heads, self.head_dim)
-        return query, grouped[:, :, :, per_group], grouped[:, :, :, per_group + 1]
+        query, key, value = grouped.split([per_group, 1, 1], dim=3)
+        return query.reshape(s, b, self.num_heads, self.head_dim), key.squeeze(3), value.squeeze(3)
 
     def forward(
         self,

@@ -64,8 +64,39 @@ class RotaryEmbedding(torch.nn.Module):
         return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """``x * cos + [-x2 * sin1, x1 * sin2]`` in float32 (``x = [x1, x2]``, ``sin = [sin1, sin2]``), or
+    with ``transpose`` the transposed map ``x * cos + [x2 * sin2, -x1 * sin1]``; halves updated in place."""
+    x = x.float()
+    out = x * cos
+    first, second = x.chunk(2, dim=-1)
+    sin_first, sin_second = sin.chunk(2, dim=-1)
+    out_first, out_second = out.chunk(2, dim=-1)
+    if transpose:
+        out_first.add_(second * sin_second)
+        out_second.sub_(first * sin_first)
+    else:
+        out_first.sub_(second * sin_first)
+        out_second.add_(first * sin_second)
+    return out
+
+
+class _ApplyRotary(torch.autograd.Function):
+    """The rotation with its transpose as the backward: no ``cat`` or ``neg``, three passes over ``x``
+    each way instead of about five; for float32 ``x``, bit for bit what autograd of the plain formula gives."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        ctx.dtype = x.dtype
+        return _rotate(x, cos, sin, transpose=False).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, transpose=True).to(ctx.dtype), None, None
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [s, b, n, d]`` by the tables of ``RotaryEmbedding``; computed in float32."""
-    first, second = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((-second, first), dim=-1)
-    return (x.float() * cos + rotated * sin).to(x.dtype)
+    return _ApplyRotary.apply(x, cos, sin)

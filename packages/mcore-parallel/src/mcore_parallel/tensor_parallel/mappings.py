@@ -114,39 +114,49 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+def _apply(
+    mapping: type[torch.autograd.Function], x: torch.Tensor, group: dist.ProcessGroup, *args
+) -> torch.Tensor:
+    """``mapping`` over ``group``; on one rank every mapping is the identity, so ``x`` itself comes back
+    (no autograd node, whose Python forward and backward would only cost time)."""
+    if dist.get_world_size(group) == 1:
+        return x
+    return mapping.apply(x, group, *args)
+
+
 def copy_to_tensor_model_parallel_region(
     x: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """Identity forward; all-reduces the gradient over ``group`` (default: the global TP group)."""
-    return _CopyToRegion.apply(x, resolve_tp_group(group))
+    return _apply(_CopyToRegion, x, resolve_tp_group(group))
 
 
 def reduce_from_tensor_model_parallel_region(
     x: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """All-reduces (sums) partial results over ``group``; the gradient passes through."""
-    return _ReduceFromRegion.apply(x, resolve_tp_group(group))
+    return _apply(_ReduceFromRegion, x, resolve_tp_group(group))
 
 
 def scatter_to_tensor_model_parallel_region(
     x: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """Keeps this rank's slice of the last dimension; the gradient is all-gathered."""
-    return _ScatterToRegion.apply(x, resolve_tp_group(group))
+    return _apply(_ScatterToRegion, x, resolve_tp_group(group))
 
 
 def gather_from_tensor_model_parallel_region(
     x: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """All-gathers slices along the last dimension; the gradient is split back."""
-    return _GatherFromRegion.apply(x, resolve_tp_group(group))
+    return _apply(_GatherFromRegion, x, resolve_tp_group(group))
 
 
 def scatter_to_sequence_parallel_region(
     x: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """Keeps this rank's slice of the sequence (first) dimension; the gradient is all-gathered."""
-    return _ScatterToSequenceRegion.apply(x, resolve_tp_group(group))
+    return _apply(_ScatterToSequenceRegion, x, resolve_tp_group(group))
 
 
 def gather_from_sequence_parallel_region(
@@ -159,14 +169,14 @@ def gather_from_sequence_parallel_region(
     With ``tensor_parallel_output_grad`` (the output feeds a tensor-parallel op, so each rank's
     gradient is partial) the gradient is reduce-scattered; otherwise it is only split.
     """
-    return _GatherFromSequenceRegion.apply(x, resolve_tp_group(group), tensor_parallel_output_grad)
+    return _apply(_GatherFromSequenceRegion, x, resolve_tp_group(group), tensor_parallel_output_grad)
 
 
 def reduce_scatter_to_sequence_parallel_region(
     x: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """Sums partial results over ``group`` and keeps this rank's sequence slice; the gradient is all-gathered."""
-    return _ReduceScatterToSequenceRegion.apply(x, resolve_tp_group(group))
+    return _apply(_ReduceScatterToSequenceRegion, x, resolve_tp_group(group))
 
 
 def all_to_all(
@@ -179,4 +189,4 @@ def all_to_all(
 
     The gradient takes the reverse exchange.
     """
-    return _AllToAll.apply(x, group, output_split_sizes, input_split_sizes)
+    return _apply(_AllToAll, x, group, output_split_sizes, input_split_sizes)
