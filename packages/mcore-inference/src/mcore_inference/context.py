@@ -273,7 +273,7 @@ class DynamicInferenceContext:
                 self._groups.append(
                     _AttentionGroup(
                         slice(offset, offset + chunk.length),
-                        self._key_slots([chunk]),
+                        self._key_slots([chunk]).to(self.device),
                         torch.arange(chunk.start, chunk.end, device=self.device).unsqueeze(0),
                     )
                 )
@@ -281,7 +281,7 @@ class DynamicInferenceContext:
             self._groups.append(
                 _AttentionGroup(
                     torch.tensor(decode_rows, device=self.device),
-                    self._key_slots(decode_chunks),
+                    self._key_slots(decode_chunks).to(self.device),
                     torch.tensor([[c.start] for c in decode_chunks], device=self.device),
                 )
             )
@@ -303,7 +303,7 @@ class DynamicInferenceContext:
             raise ValueError(f"a chunk in this step sees more than {key_blocks} blocks")
         width = key_blocks * self.block_size
         key_slots = torch.full((rows, width), self.padding_slot, dtype=torch.long)
-        key_slots[: len(chunks)] = self._key_slots(chunks, width, on_device=False)
+        key_slots[: len(chunks)] = self._key_slots(chunks, width)
         ids = torch.zeros(rows, dtype=torch.long)
         ids[: len(chunks)] = torch.tensor([chunk.request.tokens[chunk.start] for chunk in chunks])
         positions = torch.zeros(rows, dtype=torch.long)
@@ -318,11 +318,9 @@ class DynamicInferenceContext:
         self.logits_indices = view.logits_indices
         return [slice(i, i + 1) if chunk.logits != "none" else slice(i, i) for i, chunk in enumerate(chunks)]
 
-    def _key_slots(
-        self, chunks: Sequence[ScheduledChunk], length: int | None = None, *, on_device: bool = True
-    ) -> torch.Tensor:
-        """``[B, L]`` cache slots of positions ``0 .. L - 1`` of each chunk's request (0 past its end);
-        ``L`` is the longest chunk end unless given (a multiple of ``block_size``)."""
+    def _key_slots(self, chunks: Sequence[ScheduledChunk], length: int | None = None) -> torch.Tensor:
+        """``[B, L]`` cache slots (on the CPU) of positions ``0 .. L - 1`` of each chunk's request (0
+        past its end); ``L`` is the longest chunk end unless given (a multiple of ``block_size``)."""
         length = max(chunk.end for chunk in chunks) if length is None else length
         width = self.blocks_needed(length)
         table = torch.zeros(len(chunks), width, dtype=torch.long)
@@ -331,7 +329,7 @@ class DynamicInferenceContext:
             table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
         positions = torch.arange(length)
         slots = table[:, positions // self.block_size] * self.block_size + positions % self.block_size
-        return slots.to(self.device) if on_device else slots
+        return slots
 
     def _token_slots(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         slots: list[int] = []
