@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 from mcore_parallel import (
     ConfigError,
     DistributedCheckpointer,
@@ -54,6 +55,7 @@ from .tensorboard_writer import TensorBoardWriter
 _DROPOUT_SEED_OFFSET = 7919  # dropout's streams start from seed + 7919 (the weights': seed + 100 x stage)
 
 
+@internal_api
 def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     """Fill in what depends on the machine and the world: bfloat16 on a GPU, the checkpoint
     directory under the output directory, the global batch; check the batch divides.

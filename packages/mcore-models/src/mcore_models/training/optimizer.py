@@ -10,6 +10,7 @@ Both clip by the gradient norm of the whole model (all TP, PP and DP ranks, mcor
 from __future__ import annotations
 
 import torch
+from mcore_api import experimental_api
 from mcore_parallel import (
     DistributedDataParallel,
     DistributedOptimizer,
@@ -22,6 +23,7 @@ from mcore_parallel import (
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
 
+@experimental_api
 class LocalOptimizer:
     """Adam/AdamW on a float32 copy of every parameter (the parameter itself when it is float32).
 
@@ -102,6 +104,7 @@ class LocalOptimizer:
         return steps[0] if steps else 0
 
 
+@experimental_api
 def build_optimizer(
     model: DistributedDataParallel, config: OptimizerConfig, process_groups: ProcessGroupCollection
 ) -> LocalOptimizer | DistributedOptimizer:
