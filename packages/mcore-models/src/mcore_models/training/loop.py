@@ -3,8 +3,9 @@
 Call it on every rank of an initialized default process group (``mcore-train`` launches the
 ranks). The order of things: process groups, data, model and optimizer, the dropout seed (once;
 checkpoints carry the random-number states on), checkpoint load, the iterations (evaluation and
-saves on their intervals), then final evaluation, checkpoint, Hugging Face export, a greedy sample
-and, on rank 0, ``loss.png``, ``report.json`` and the summary.
+saves on their intervals, metrics to TensorBoard and Weights & Biases every ``log_interval``),
+then final evaluation, checkpoint, Hugging Face export, a greedy sample and, on rank 0,
+``loss.png``, ``report.json`` and the summary.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
 from .schedule import global_mean_loss, run_micro_batches
 from .tensorboard_writer import TensorBoardWriter
+from .wandb_writer import WandbWriter, check_wandb_available
 
 _DROPOUT_SEED_OFFSET = 7919  # dropout's streams start from seed + 7919 (the weights': seed + 100 x stage)
 
@@ -110,6 +112,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     model_config, training = configs.model, configs.training
     if training.fsdp:
         check_fsdp_available()
+    check_wandb_available(configs.logger)
     device = get_device()
     dtype = model_config.params_dtype
     with timers.startup_phase("process groups"):
@@ -120,12 +123,14 @@ def pretrain(configs: TrainConfigs) -> dict | None:
             order=model_config.parallel_order,
         )
     try:
-        return _train(configs, groups, timers, device, dtype, rank, world)
+        run_config = dataclasses.asdict(configs)
+        with WandbWriter(configs.logger, rank == 0, training.output_dir, run_config) as wandb_run:
+            return _train(configs, groups, timers, device, dtype, rank, world, wandb_run)
     finally:
         destroy_model_parallel()
 
 
-def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
+def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> dict | None:
     model_config, training, data_config = configs.model, configs.training, configs.data
     dp_rank, dp_size = dist.get_rank(groups.dp), dist.get_world_size(groups.dp)
     tp_rank = dist.get_rank(groups.tp)
@@ -178,6 +183,7 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         progress.write(f"resumed from {load_dir} at iteration {start}")
     model.train(True)
     last_saved, straggler_reports = None, []
+    interval_seconds, interval_iterations = 0.0, 0  # since the last logged iteration
     began = time.perf_counter()
     for iteration in range(start + 1, training.train_iters + 1):
         timers("iteration").start()
@@ -206,8 +212,18 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         history["train"].append([iteration, loss])
         history["lr"].append([iteration, lr])
         progress.update(iteration, loss, seconds, lr)
+        interval_seconds, interval_iterations = interval_seconds + seconds, interval_iterations + 1
         if iteration % configs.logger.log_interval == 0:
-            tensorboard.scalars(iteration, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm})
+            tokens_per_second = interval_iterations * tokens_per_iteration / max(interval_seconds, 1e-9)
+            metrics = {
+                "train/loss": loss,
+                "train/lr": lr,
+                "train/grad_norm": grad_norm,
+                "train/tokens_per_second": tokens_per_second,
+            }
+            interval_seconds, interval_iterations = 0.0, 0
+            tensorboard.scalars(iteration, metrics)
+            wandb_run.scalars(iteration, metrics)
             if configs.logger.log_timers_to_tensorboard:
                 tensorboard.scalars(iteration, {"timers/iteration": seconds})
         if straggler is not None:
@@ -227,9 +243,9 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             progress.write(
                 f"iteration {iteration}: held-out loss {result['loss']:.3f} (ppl {result['perplexity']:.1f})"
             )
-            tensorboard.scalars(
-                iteration, {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]}
-            )
+            heldout = {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]}
+            tensorboard.scalars(iteration, heldout)
+            wandb_run.scalars(iteration, heldout)
         interval = configs.checkpoint.save_interval
         if interval and iteration % interval == 0 and iteration < training.train_iters:
             with _timed(timers, "save"):
@@ -243,7 +259,9 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     final = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
     if not history["heldout"] or history["heldout"][-1][0] != training.train_iters:
         history["heldout"].append([training.train_iters, final["loss"]])
-    tensorboard.scalars(training.train_iters, {"heldout/loss": final["loss"]})
+    final_heldout = {"heldout/loss": final["loss"], "heldout/perplexity": final["perplexity"]}
+    tensorboard.scalars(training.train_iters, final_heldout)
+    wandb_run.scalars(training.train_iters, final_heldout)
     if iterations_run > 0 or last_saved is None:
         with _timed(timers, "save"):
             last_saved = save_training_checkpoint(
@@ -318,6 +336,18 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if sample is not None:
         (output_dir / "sample.txt").write_text(sample + "\n")
     write_report(output_dir / "report.json", report)
+    wandb_run.summary(
+        {
+            "final/heldout_loss": final["loss"],
+            "final/heldout_perplexity": final["perplexity"],
+            "final/train_loss": report["final_train_loss"],
+            "final/tokens_per_second": report["tokens_per_second"],
+            "final/train_seconds": train_seconds,
+            "final/tokens_seen": report["tokens_seen"],
+            "parameters": parameters,
+            "unigram_baseline": data.unigram_baseline,
+        }
+    )
     print(summary_text(report))
     if sample is not None:
         print(f"\ngreedy sample from {training.sample_prompt!r}:\n{'-' * 60}\n{sample}\n{'-' * 60}")
