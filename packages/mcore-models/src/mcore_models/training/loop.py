@@ -46,12 +46,13 @@ from .fsdp import (
 )
 from .generation import greedy_generate
 from .lr_schedule import learning_rate
+from .metrics_log import MetricsLog
 from .model_setup import build_train_model
 from .optimizer import build_optimizer
 from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
 from .schedule import global_mean_loss, run_micro_batches
-from .tensorboard_writer import TensorBoardWriter
+from .tensorboard_writer import TensorBoardWriter, check_tensorboard_available
 from .wandb_writer import WandbWriter, check_wandb_available
 
 _DROPOUT_SEED_OFFSET = 7919  # dropout's streams start from seed + 7919 (the weights': seed + 100 x stage)
@@ -94,10 +95,6 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             f"the interleaved schedule needs micro-batches per step ({global_batch // per_step}) to be a "
             f"multiple of the pipeline size ({model.pipeline_model_parallel_size})",
         )
-    if model.context_parallel_size != 1 or model.expert_model_parallel_size != 1:
-        raise ConfigError(
-            ["context_parallel_size", "expert_model_parallel_size"], "mcore-train supports CP = EP = 1 so far"
-        )
     if training.fsdp:
         check_fsdp_layout(configs)
     training = dataclasses.replace(training, global_batch_size=global_batch)
@@ -113,6 +110,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     if training.fsdp:
         check_fsdp_available()
     check_wandb_available(configs.logger)
+    check_tensorboard_available(configs.logger)
     device = get_device()
     dtype = model_config.params_dtype
     with timers.startup_phase("process groups"):
@@ -171,61 +169,48 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
     if is_writer:
         output_dir.mkdir(parents=True, exist_ok=True)
     tensorboard = TensorBoardWriter(configs.logger, is_writer)
+    tokens_per_iteration = global_batch * data_config.seq_length
+    log = MetricsLog(configs.logger, tensorboard, wandb_run, timers, tokens_per_iteration, device)
     straggler = StragglerDetector.from_config(configs.straggler) if configs.straggler.enabled else None
     grad_logger = (
         DataGradientLogger(model.container, output_dir / "grads", every=training.save_grads_interval)
         if training.save_grads_interval
         else None
     )
-    tokens_per_iteration = global_batch * data_config.seq_length
     progress = TrainingProgress(training.train_iters, start, tokens_per_iteration, progress_output)
     if is_writer and start:
         progress.write(f"resumed from {load_dir} at iteration {start}")
     model.train(True)
     last_saved, straggler_reports = None, []
-    interval_seconds, interval_iterations = 0.0, 0  # since the last logged iteration
     began = time.perf_counter()
     for iteration in range(start + 1, training.train_iters + 1):
         timers("iteration").start()
         lr = learning_rate(iteration, configs.optimizer.lr, configs.scheduler, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batches = iteration_micro_batches(
-            data.train, iteration, global_batch, micro, dp_rank, dp_size, device
-        )
+        with log.timed("batch"):
+            batches = iteration_micro_batches(
+                data.train, iteration, global_batch, micro, dp_rank, dp_size, device
+            )
         optimizer.zero_grad()
         step_timer = straggler.step() if straggler is not None else contextlib.nullcontext()
         with step_timer:
             if grad_logger is not None:
                 grad_logger.begin(iteration)
-            timers("forward-backward").start()
-            losses = run_micro_batches(model, batches, groups, dtype=dtype)
-            timers("forward-backward").stop()
-            reduce_sequence_parallel_grads(model.container, groups.tp)  # their main_grads
+            with log.timed("forward-backward"):
+                losses = run_micro_batches(model, batches, groups, dtype=dtype)
+            with log.timed("sequence-parallel-grads"):
+                reduce_sequence_parallel_grads(model.container, groups.tp)  # their main_grads
             if grad_logger is not None:
                 _log_grads(grad_logger, model)
-            timers("optimizer").start()
-            grad_norm = optimizer.step()
-            timers("optimizer").stop()
+            with log.timed("optimizer"):
+                grad_norm = optimizer.step()
         loss = global_mean_loss(losses, groups)
         seconds = timers("iteration").stop()
         history["train"].append([iteration, loss])
         history["lr"].append([iteration, lr])
         progress.update(iteration, loss, seconds, lr)
-        interval_seconds, interval_iterations = interval_seconds + seconds, interval_iterations + 1
-        if iteration % configs.logger.log_interval == 0:
-            tokens_per_second = interval_iterations * tokens_per_iteration / max(interval_seconds, 1e-9)
-            metrics = {
-                "train/loss": loss,
-                "train/lr": lr,
-                "train/grad_norm": grad_norm,
-                "train/tokens_per_second": tokens_per_second,
-            }
-            interval_seconds, interval_iterations = 0.0, 0
-            tensorboard.scalars(iteration, metrics)
-            wandb_run.scalars(iteration, metrics)
-            if configs.logger.log_timers_to_tensorboard:
-                tensorboard.scalars(iteration, {"timers/iteration": seconds})
+        log.iteration(iteration, loss, lr, grad_norm, seconds)
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:
@@ -236,19 +221,18 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
             and iteration % training.eval_interval == 0
             and iteration < training.train_iters
         ):
-            result = evaluate(
-                model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype
-            )
+            with log.timed("evaluation"):
+                result = evaluate(
+                    model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype
+                )
             history["heldout"].append([iteration, result["loss"]])
             progress.write(
                 f"iteration {iteration}: held-out loss {result['loss']:.3f} (ppl {result['perplexity']:.1f})"
             )
-            heldout = {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]}
-            tensorboard.scalars(iteration, heldout)
-            wandb_run.scalars(iteration, heldout)
+            log.heldout(iteration, result)
         interval = configs.checkpoint.save_interval
         if interval and iteration % interval == 0 and iteration < training.train_iters:
-            with _timed(timers, "save"):
+            with log.timed("save"):
                 last_saved = save_training_checkpoint(
                     checkpointer, model, optimizer, groups.tp, iteration, history, groups
                 )
@@ -256,18 +240,17 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
     train_seconds = time.perf_counter() - began
     iterations_run = training.train_iters - start
 
-    final = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
+    with log.timed("evaluation"):
+        final = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
     if not history["heldout"] or history["heldout"][-1][0] != training.train_iters:
         history["heldout"].append([training.train_iters, final["loss"]])
-    final_heldout = {"heldout/loss": final["loss"], "heldout/perplexity": final["perplexity"]}
-    tensorboard.scalars(training.train_iters, final_heldout)
-    wandb_run.scalars(training.train_iters, final_heldout)
+    log.heldout(training.train_iters, final)
     if iterations_run > 0 or last_saved is None:
-        with _timed(timers, "save"):
+        with log.timed("save"):
             last_saved = save_training_checkpoint(
                 checkpointer, model, optimizer, groups.tp, training.train_iters, history, groups
             )
-    with _timed(timers, "save"):
+    with log.timed("save"):
         checkpointer.wait()  # an asynchronous save is complete and marked latest from here on
     if training.export_hf:
         exported = fsdp_full_model(model, model_config, groups) if training.fsdp else model.chunks[0]
@@ -388,15 +371,3 @@ def _export_hf(exported, model, groups, directory: str) -> None:
     if dist.get_rank(groups.dp) == 0:
         export_hf_checkpoint(exported, directory, model_type="llama")
     dist.barrier()
-
-
-class _timed:
-    def __init__(self, timers: Timers, name: str):
-        self.timer = timers(name)
-
-    def __enter__(self):
-        self.timer.start()
-
-    def __exit__(self, *exc):
-        self.timer.stop()
-        return False
