@@ -64,8 +64,9 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     directory under the output directory, the global batch; check the batch divides.
 
     Raises:
-        ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, or
-            the interleaved schedule's micro-batches do not divide over the stages.
+        ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
+            interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
+            other than ``torch_dist``, or a layout ``--fsdp`` cannot run.
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -94,6 +95,12 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             ["global_batch_size", "virtual_pipeline_model_parallel_size"],
             f"the interleaved schedule needs micro-batches per step ({global_batch // per_step}) to be a "
             f"multiple of the pipeline size ({model.pipeline_model_parallel_size})",
+        )
+    if checkpoint.ckpt_format != "torch_dist":
+        raise ConfigError(
+            ["ckpt_format"],
+            "mcore-train writes torch_dist checkpoints (torch.distributed.checkpoint; with --fsdp they hold "
+            f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
         )
     if training.fsdp:
         check_fsdp_layout(configs)
@@ -147,7 +154,12 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
         vocab_size = data.tokenizer.vocab_size
         if training.fsdp:
             model = build_fsdp_train_model(
-                model_config, vocab_size, groups, training.fsdp_strategy, training.seed
+                model_config,
+                vocab_size,
+                groups,
+                training.fsdp_strategy,
+                training.seed,
+                offload_optimizer=configs.optimizer.optimizer_cpu_offload,
             )
             optimizer = FSDPOptimizer(model.ddp, configs.optimizer)
         else:

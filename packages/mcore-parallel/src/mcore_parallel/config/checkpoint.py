@@ -10,7 +10,12 @@ from .fields import ConfigError, config_field, validate_fields
 
 @dataclass
 class CheckpointConfig:
-    """Checkpointing: save and load directories, interval, format and what to include."""
+    """Checkpointing: save and load directories, interval, format and what to include.
+
+    ``ckpt_format``: ``torch_dist`` (``torch.distributed.checkpoint``) is the one format
+    implemented; ``fsdp_dtensor`` is reserved for a later release and ``DistributedCheckpointer``
+    refuses it.
+    """
 
     save: str | None = config_field(None, help="Directory to save checkpoints to.")
     load: str | None = config_field(None, help="Directory to load a checkpoint from.")
