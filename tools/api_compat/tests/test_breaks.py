@@ -171,3 +171,59 @@ COMPATIBLE = {
 def test_compatible_change_passes(compare, old, new):
     result = compare(f'__all__ = ["f"]\n{old}', f'__all__ = ["f"]\n{new}')
     assert (result.code, result.out) == (0, "")
+
+
+CONFIG = """
+import dataclasses
+__all__ = ["Config"]
+def config_field(default=dataclasses.MISSING, *, help, default_factory=dataclasses.MISSING):
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help})
+@dataclasses.dataclass
+class Config:
+    x: int = FIELD
+"""
+
+FIELD_CHANGES = {
+    "help reworded": ('config_field(3, help="Old.")', 'config_field(3, help="New words.")', None),
+    "default spelled as keyword": ('config_field(3, help="a")', 'config_field(default=3, help="a")', None),
+    "required field gets a default": ('config_field(help="a")', 'config_field(3, help="a")', None),
+    "default changed": (
+        'config_field(3, help="a")',
+        'config_field(4, help="a")',
+        "parameter-changed-default: default of 'x' changed from 3 to 4",
+    ),
+    "default factory changed": (
+        'config_field(default_factory=list, help="a")',
+        'config_field(default_factory=tuple, help="a")',
+        "parameter-changed-default: default of 'x' changed from list() to tuple()",
+    ),
+    "default dropped": (
+        'config_field(3, help="a")',
+        'config_field(help="a")',
+        "parameter-changed-required: parameter 'x' became required (its default was 3)",
+    ),
+}
+
+
+@pytest.mark.parametrize("old, new, expected", FIELD_CHANGES.values(), ids=FIELD_CHANGES.keys())
+def test_field_specifier_defaults_are_compared_by_value(compare, old, new, expected):
+    result = compare(CONFIG.replace("FIELD", old), CONFIG.replace("FIELD", new))
+    assert result.out == (f"mcore-x: mcore_x.Config.__init__: {expected}\n" if expected else "")
+
+
+def test_field_specifier_of_a_sibling_package(workspace, api_compat):
+    specifier, config = CONFIG.split("@dataclasses.dataclass")
+    workspace.add_package("mcore-lib", {"__init__.py": specifier.replace('["Config"]', '["config_field"]')})
+    header = (
+        'import dataclasses\nfrom mcore_lib import config_field\n__all__ = ["Config"]\n@dataclasses.dataclass'
+    )
+    workspace.add_package(
+        "mcore-x", {"__init__.py": header + config.replace("FIELD", 'config_field(3, help="a")')}
+    )
+    assert api_compat("snapshot", "--package", "mcore-x").code == 0
+    workspace.write("mcore-x", "__init__.py", header + config.replace("FIELD", 'config_field(3, help="b")'))
+    assert api_compat("check", "--package", "mcore-x").code == 0
+    workspace.write("mcore-x", "__init__.py", header + config.replace("FIELD", 'config_field(5, help="b")'))
+    assert api_compat("check", "--package", "mcore-x").out == (
+        "mcore-x: mcore_x.Config.__init__: parameter-changed-default: default of 'x' changed from 3 to 5\n"
+    )

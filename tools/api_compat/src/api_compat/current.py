@@ -18,6 +18,7 @@ class CurrentApi:
         self._loader = griffe.GriffeLoader(
             search_paths=[package.src_dir for package in workspace.packages.values()], allow_inspection=False
         )
+        self._import_names = set(workspace.by_import_name())
         self._records: dict[str, ApiRecord] = {}
         self._surfaces: dict[str, Surface] = {}
 
@@ -30,7 +31,7 @@ class CurrentApi:
                     self._loader.resolve_aliases(implicit=False, external=True)
             except (griffe.GriffeError, ImportError, OSError, SyntaxError, ValueError) as error:
                 raise ApiCompatError(f"griffe could not load {package.import_name}: {error}") from error
-            self._records[package.dist] = extract_record(package, module)
+            self._records[package.dist] = extract_record(package, module, self._find)
         return self._records[package.dist]
 
     def surface(self, package: Package) -> Surface:
@@ -38,3 +39,16 @@ class CurrentApi:
         if package.dist not in self._surfaces:
             self._surfaces[package.dist] = Surface.from_record(self.record(package))
         return self._surfaces[package.dist]
+
+    def _find(self, path: str) -> griffe.Object | griffe.Alias | None:
+        """The object at a dotted path in a workspace package (loaded on first use); None if unknown."""
+        top = path.split(".", 1)[0]
+        if top not in self._import_names:
+            return None
+        try:
+            with griffe.logger.disable():
+                if top not in self._loader.modules_collection:
+                    self._loader.load(top)
+                return self._loader.modules_collection[path]
+        except (KeyError, griffe.GriffeError, ImportError, OSError, SyntaxError, ValueError):
+            return None

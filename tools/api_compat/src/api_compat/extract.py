@@ -1,7 +1,7 @@
 """Extract a loaded package's public API from griffe's tree into an ``ApiRecord``."""
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import griffe
@@ -15,21 +15,27 @@ from api_compat.workspace import Package
 #: (``full=False`` already leaves out the computed ``path``, ``is_*`` and file path keys.)
 _NOISY_KEYS = frozenset({"docstring", "git_info", "source_link", "runtime", "analysis"})
 
+#: Finds a loaded object by dotted path (loading the workspace package it lies in); None if unknown.
+ObjectFinder = Callable[[str], griffe.Object | griffe.Alias | None]
+
+_POSITIONAL = (griffe.ParameterKind.positional_only, griffe.ParameterKind.positional_or_keyword)
+_UNPACKED = (griffe.ExprVarPositional, griffe.ExprVarKeyword)
+
 
 def is_private_name(name: str) -> bool:
     """``_x`` and ``__x`` are private; ``__x__`` (special names such as ``__init__``) are not."""
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def extract_record(package: Package, module: griffe.Module) -> ApiRecord:
+def extract_record(package: Package, module: griffe.Module, find: ObjectFinder) -> ApiRecord:
     """The public API of ``package``, given its griffe module after alias resolution.
 
     Public means: the names of the top-level ``__all__``, and for each listed public module the
     names of its ``__all__``, placed under a nested module named by its path relative to the
     package. Every exported name is resolved to its final target; external or unresolvable
-    imports stay aliases.
+    imports stay aliases. ``find`` looks up the field specifiers that dataclass fields call.
     """
-    extractor = _Extractor(package.import_name)
+    extractor = _Extractor(package.import_name, find)
     api = extractor.module_node(module, module.name, "")
     for dotted in sorted(package.public_modules, key=lambda name: name.count(".")):
         relative_path = dotted.removeprefix(f"{package.import_name}.")
@@ -41,8 +47,9 @@ def extract_record(package: Package, module: griffe.Module) -> ApiRecord:
 class _Extractor:
     """Builds JSON nodes and gathers the exempt paths and class bases on the way."""
 
-    def __init__(self, import_name: str):
+    def __init__(self, import_name: str, find: ObjectFinder):
         self._import_name = import_name
+        self._find = find
         self._exempt: set[str] = set()
         self._classes: list[tuple[str, griffe.Class]] = []
         self._public_class_paths: dict[str, str] = {}
@@ -85,6 +92,9 @@ class _Extractor:
         node = {key: value for key, value in node.items() if key not in _NOISY_KEYS}
         for parameter in node.get("parameters", ()):
             parameter.pop("docstring", None)
+        if _is_dataclass_init(target):
+            for parameter, encoded in zip(target.parameters, node["parameters"], strict=True):
+                encoded["default"] = _to_json(self._declared_default(parameter.default))
         node["name"] = name
         if target.is_class:
             self._classes.append((relative_path, target))
@@ -95,6 +105,60 @@ class _Extractor:
                 if not is_private_name(member_name)
             }
         return node
+
+    def _declared_default(self, default: str | griffe.Expr | None) -> str | griffe.Expr | None:
+        """The default a dataclass field declares through a field specifier, else ``default``.
+
+        For ``x: int = config_field(3, help=...)`` that is ``3``: the call's ``default``
+        argument, a call of its ``default_factory`` argument, or none (a required field).
+        """
+        specifier = self._field_specifier(default)
+        arguments = None if specifier is None else _bind(default.arguments, specifier.parameters)
+        if arguments is None:
+            return default
+        if "default" in arguments:
+            return arguments["default"]
+        if "default_factory" in arguments:
+            return griffe.ExprCall(arguments["default_factory"], [])
+        return None
+
+    def _field_specifier(self, default: str | griffe.Expr | None) -> griffe.Function | None:
+        """The workspace function that ``default`` calls, if it is a field specifier: a function
+        with a ``default`` parameter (PEP 681), like mcore_parallel's ``config_field``. (Griffe
+        itself reads ``dataclasses.field``.)"""
+        if not isinstance(default, griffe.ExprCall) or not isinstance(
+            default.function, (griffe.ExprName, griffe.ExprAttribute)
+        ):
+            return None
+        found = self._find(default.function.canonical_path)
+        target = None if found is None else _final_target(found)
+        if target is None or target.is_alias or not target.is_function or "default" not in target.parameters:
+            return None
+        return target
+
+
+def _is_dataclass_init(obj: griffe.Object) -> bool:
+    """Whether ``obj`` is the ``__init__`` of a dataclass (griffe generates it from the fields)."""
+    return obj.is_function and obj.name == "__init__" and "dataclass" in getattr(obj.parent, "labels", ())
+
+
+def _bind(arguments: Sequence[str | griffe.Expr], parameters: griffe.Parameters) -> dict[str, Any] | None:
+    """Call arguments by the parameter they bind to; None where ``*``/``**`` or extra positionals forbid it."""
+    positional = [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
+    bound: dict[str, Any] = {}
+    for index, argument in enumerate(arguments):
+        if isinstance(argument, griffe.ExprKeyword):
+            bound[argument.name] = argument.value
+        elif index < len(positional) and not isinstance(argument, _UNPACKED):
+            bound[positional[index]] = argument
+        else:
+            return None
+    return bound
+
+
+def _to_json(value: str | griffe.Expr | None) -> Any:
+    """``value`` as griffe writes it in a node's JSON."""
+    return json.loads(json.dumps(value, cls=griffe.JSONEncoder))
 
 
 def _final_target(obj: griffe.Object | griffe.Alias) -> griffe.Object | griffe.Alias:
