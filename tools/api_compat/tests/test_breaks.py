@@ -227,3 +227,35 @@ def test_field_specifier_of_a_sibling_package(workspace, api_compat):
     assert api_compat("check", "--package", "mcore-x").out == (
         "mcore-x: mcore_x.Config.__init__: parameter-changed-default: default of 'x' changed from 3 to 5\n"
     )
+
+
+@pytest.mark.parametrize(
+    "new_init, new_sub, expected",
+    [
+        (
+            'from mcore_x import shard\n__all__ = ["shard"]',
+            '__all__ = ["shard"]\ndef shard(module, mesh): ...',
+            "object-changed-kind: changed from function to module",
+        ),
+        (
+            'from mcore_x.shard import shard\n__all__ = ["shard"]',
+            '__all__ = ["shard"]\ndef shard(module): ...',
+            "parameter-removed: parameter 'mesh' was removed",
+        ),
+    ],
+    ids=["export became the module", "signature changed"],
+)
+def test_export_shadowing_its_submodule_is_the_imported_function(
+    workspace, api_compat, new_init, new_sub, expected
+):
+    workspace.add_package(
+        "mcore-x",
+        {
+            "__init__.py": 'from mcore_x.shard import shard\n__all__ = ["shard"]',
+            "shard.py": '__all__ = ["shard"]\ndef shard(module, mesh): ...',
+        },
+    )
+    assert api_compat("snapshot", "--package", "mcore-x").code == 0
+    workspace.write("mcore-x", "__init__.py", new_init)
+    workspace.write("mcore-x", "shard.py", new_sub)
+    assert api_compat("check", "--package", "mcore-x").out == f"mcore-x: mcore_x.shard: {expected}\n"

@@ -63,7 +63,7 @@ class _Extractor:
                 continue
             if export not in module.members:
                 raise ApiCompatError(f"{module.path}.__all__ names {export!r}, which is not defined there")
-            members[export] = self._node(module.members[export], export, _join(relative_path, export))
+            members[export] = self._node(_exported(module, export), export, _join(relative_path, export))
         return {"kind": "module", "name": name, "exports": sorted(members), "members": members}
 
     def finish(self, api: dict[str, Any]) -> ApiRecord:
@@ -159,6 +159,19 @@ def _bind(arguments: Sequence[str | griffe.Expr], parameters: griffe.Parameters)
 def _to_json(value: str | griffe.Expr | None) -> Any:
     """``value`` as griffe writes it in a node's JSON."""
     return json.loads(json.dumps(value, cls=griffe.JSONEncoder))
+
+
+def _exported(module: griffe.Module, name: str) -> griffe.Object | griffe.Alias:
+    """What ``module.name`` is at run time.
+
+    ``from pkg.sub import sub`` in ``pkg/__init__.py`` binds ``sub`` to the imported object,
+    which shadows the submodule that griffe keeps under that name.
+    """
+    member = module.members[name]
+    imported = module.imports.get(name)
+    if member.is_alias or not member.is_module or imported in (None, member.path):
+        return member
+    return griffe.Alias(name, imported, parent=module)
 
 
 def _final_target(obj: griffe.Object | griffe.Alias) -> griffe.Object | griffe.Alias:
