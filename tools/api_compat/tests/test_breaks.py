@@ -1,5 +1,7 @@
 """Each breaking change is detected, and compatible changes pass."""
 
+import json
+
 import pytest
 
 BREAKING = {
@@ -218,7 +220,9 @@ def test_field_specifier_of_a_sibling_package(workspace, api_compat):
         'import dataclasses\nfrom mcore_lib import config_field\n__all__ = ["Config"]\n@dataclasses.dataclass'
     )
     workspace.add_package(
-        "mcore-x", {"__init__.py": header + config.replace("FIELD", 'config_field(3, help="a")')}
+        "mcore-x",
+        {"__init__.py": header + config.replace("FIELD", 'config_field(3, help="a")')},
+        dependencies=("mcore-lib>=0.1",),
     )
     assert api_compat("snapshot", "--package", "mcore-x").code == 0
     workspace.write("mcore-x", "__init__.py", header + config.replace("FIELD", 'config_field(3, help="b")'))
@@ -259,3 +263,20 @@ def test_export_shadowing_its_submodule_is_the_imported_function(
     workspace.write("mcore-x", "__init__.py", new_init)
     workspace.write("mcore-x", "shard.py", new_sub)
     assert api_compat("check", "--package", "mcore-x").out == f"mcore-x: mcore_x.shard: {expected}\n"
+
+
+def test_what_a_class_inherits_from_a_required_sibling_is_recorded(workspace, api_compat):
+    base = "import dataclasses\n@dataclasses.dataclass\nclass Base:\n    a: int = 1\n    def m(self, x): ..."
+    workspace.add_package("mcore-lib", {"__init__.py": f'__all__ = ["Base"]\n{base}'})
+    config = "import dataclasses\nfrom mcore_lib import Base\n@dataclasses.dataclass\nclass Config(Base):\n    b: int = 2"
+    workspace.add_package(
+        "mcore-x", {"__init__.py": f'__all__ = ["Config"]\n{config}'}, dependencies=("mcore-lib>=0.1",)
+    )
+    assert api_compat("snapshot", "--package", "mcore-x").code == 0
+    recorded = json.loads(workspace.baseline("mcore-x", "0.1.0").read_text())["api"]["members"]["Config"]
+    assert [parameter["name"] for parameter in recorded["members"]["__init__"]["parameters"]] == [
+        "self",
+        "a",
+        "b",
+    ]
+    assert recorded["members"]["m"]["kind"] == "function"
