@@ -1,13 +1,14 @@
 """Extract a loaded package's public API from griffe's tree into an ``ApiRecord``."""
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import griffe
 
+from api_compat.calls import bind_arguments
 from api_compat.errors import ApiCompatError
-from api_compat.markers import is_marked
+from api_compat.markers import Marker, markers_of
 from api_compat.surface import ApiRecord
 from api_compat.workspace import Package
 
@@ -19,7 +20,6 @@ _NOISY_KEYS = frozenset({"docstring", "git_info", "source_link", "runtime", "ana
 ObjectFinder = Callable[[str], griffe.Object | griffe.Alias | None]
 
 _POSITIONAL = (griffe.ParameterKind.positional_only, griffe.ParameterKind.positional_or_keyword)
-_UNPACKED = (griffe.ExprVarPositional, griffe.ExprVarKeyword)
 
 
 def is_private_name(name: str) -> bool:
@@ -45,12 +45,12 @@ def extract_record(package: Package, module: griffe.Module, find: ObjectFinder) 
 
 
 class _Extractor:
-    """Builds JSON nodes and gathers the exempt paths and class bases on the way."""
+    """Builds JSON nodes and gathers the stability markers and class bases on the way."""
 
     def __init__(self, import_name: str, find: ObjectFinder):
         self._import_name = import_name
         self._find = find
-        self._exempt: set[str] = set()
+        self._markers: dict[str, tuple[Marker, ...]] = {}
         self._classes: list[tuple[str, griffe.Class]] = []
         self._public_class_paths: dict[str, str] = {}
 
@@ -71,7 +71,7 @@ class _Extractor:
             relative_path: tuple(self._public_class_paths.get(path, path) for path in _base_paths(cls))
             for relative_path, cls in self._classes
         }
-        return ApiRecord(api=api, exempt=tuple(sorted(self._exempt)), bases=bases)
+        return ApiRecord(api=api, markers=self._markers, bases=bases)
 
     def _node(self, obj: griffe.Object | griffe.Alias, name: str, relative_path: str) -> dict[str, Any]:
         target = _final_target(obj)
@@ -85,8 +85,8 @@ class _Extractor:
             }
         if target.is_module:
             return self.module_node(target, name, relative_path)
-        if is_marked(target):
-            self._exempt.add(relative_path)
+        if markers := markers_of(target):
+            self._markers[relative_path] = markers
         node = json.loads(target.as_json(full=False))
         node.pop("members", None)
         node = {key: value for key, value in node.items() if key not in _NOISY_KEYS}
@@ -113,7 +113,10 @@ class _Extractor:
         argument, a call of its ``default_factory`` argument, or none (a required field).
         """
         specifier = self._field_specifier(default)
-        arguments = None if specifier is None else _bind(default.arguments, specifier.parameters)
+        if specifier is None:
+            return default
+        positional = [parameter.name for parameter in specifier.parameters if parameter.kind in _POSITIONAL]
+        arguments = bind_arguments(default, positional)
         if arguments is None:
             return default
         if "default" in arguments:
@@ -140,20 +143,6 @@ class _Extractor:
 def _is_dataclass_init(obj: griffe.Object) -> bool:
     """Whether ``obj`` is the ``__init__`` of a dataclass (griffe generates it from the fields)."""
     return obj.is_function and obj.name == "__init__" and "dataclass" in getattr(obj.parent, "labels", ())
-
-
-def _bind(arguments: Sequence[str | griffe.Expr], parameters: griffe.Parameters) -> dict[str, Any] | None:
-    """Call arguments by the parameter they bind to; None where ``*``/``**`` or extra positionals forbid it."""
-    positional = [parameter.name for parameter in parameters if parameter.kind in _POSITIONAL]
-    bound: dict[str, Any] = {}
-    for index, argument in enumerate(arguments):
-        if isinstance(argument, griffe.ExprKeyword):
-            bound[argument.name] = argument.value
-        elif index < len(positional) and not isinstance(argument, _UNPACKED):
-            bound[positional[index]] = argument
-        else:
-            return None
-    return bound
 
 
 def _to_json(value: str | griffe.Expr | None) -> Any:
