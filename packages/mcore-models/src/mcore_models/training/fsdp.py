@@ -23,6 +23,7 @@ from mcore_parallel import (
 from ..models.gpt.model import GPTModel
 from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
+from .extras import import_extra
 from .model_setup import TrainModel
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -34,12 +35,7 @@ def check_fsdp_available() -> None:
     Raises:
         ConfigError: naming ``fsdp`` and how to install it.
     """
-    try:
-        import mcore_fsdp  # noqa: F401
-    except ImportError as error:
-        raise ConfigError(
-            ["fsdp"], "--fsdp needs the mcore-fsdp package: pip install 'mcore-models[fsdp]'"
-        ) from error
+    import_extra("mcore_fsdp", "fsdp", "--fsdp", "mcore-fsdp", "fsdp")
 
 
 def check_fsdp_layout(configs: TrainConfigs) -> None:

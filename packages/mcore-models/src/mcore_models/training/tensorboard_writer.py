@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcore_parallel import ConfigError, LoggerConfig
+from mcore_parallel import LoggerConfig
+
+from .extras import import_extra
 
 
 def import_summary_writer() -> Any:
@@ -17,14 +19,10 @@ def import_summary_writer() -> Any:
     Raises:
         ConfigError: naming ``tensorboard_dir`` and how to install the extra, when tensorboard is missing.
     """
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as error:
-        raise ConfigError(
-            ["tensorboard_dir"],
-            "logging to TensorBoard needs the tensorboard package: pip install 'mcore-models[tensorboard]'",
-        ) from error
-    return SummaryWriter
+    module = import_extra(
+        "torch.utils.tensorboard", "tensorboard_dir", "logging to TensorBoard", "tensorboard", "tensorboard"
+    )
+    return module.SummaryWriter
 
 
 def check_tensorboard_available(config: LoggerConfig) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mcore_parallel import ConfigError, LoggerConfig
+from mcore_parallel import LoggerConfig
+
+from .extras import import_extra
 
 
 def import_wandb() -> Any:
@@ -19,14 +21,7 @@ def import_wandb() -> Any:
     Raises:
         ConfigError: naming ``wandb_project`` and how to install the extra, when it is missing.
     """
-    try:
-        import wandb
-    except ImportError as error:
-        raise ConfigError(
-            ["wandb_project"],
-            "logging to Weights & Biases needs the wandb package: pip install 'mcore-models[wandb]'",
-        ) from error
-    return wandb
+    return import_extra("wandb", "wandb_project", "logging to Weights & Biases", "wandb", "wandb")
 
 
 def check_wandb_available(config: LoggerConfig) -> None:
