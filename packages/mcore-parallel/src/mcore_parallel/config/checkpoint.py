@@ -28,7 +28,8 @@ class CheckpointConfig:
     no_load_rng: bool = config_field(False, help="Do not restore the random-number states when loading.")
     ckpt_format: Literal["torch_dist", "fsdp_dtensor"] = config_field(
         "torch_dist",
-        help="On-disk format: torch_dist (distributed checkpoint) or fsdp_dtensor (FSDP DTensor state).",
+        help="On-disk format: torch_dist (torch.distributed.checkpoint); fsdp_dtensor is reserved for a "
+        "later release and refused.",
     )
     async_save: bool = config_field(
         False, help="Write checkpoints in the background while training continues."
