@@ -1,4 +1,8 @@
-"""Tiny models and data shared by the mcore-fsdp tests, as fixtures (tests are not a package)."""
+"""Tiny models, data and the packaged examples shared by the mcore-fsdp tests, as fixtures
+(tests are not a package)."""
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +94,16 @@ def error_on_rank0(make_call):
 def rank0_error():
     """``error_on_rank0`` above, as a fixture."""
     return error_on_rank0
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "packages" / "mcore-fsdp" / "examples"
+
+
+@pytest.fixture(scope="session")
+def hf_llama_example():
+    """``examples/train_hf_llama.py`` imported as a module (skips without ``transformers``)."""
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("train_hf_llama", EXAMPLES / "train_hf_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,7 +7,6 @@ The example is run as written, loaded from packages/mcore-fsdp/examples.
 """
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,9 @@ from torch.distributed.tensor import DTensor
 
 transformers = pytest.importorskip("transformers")
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "packages" / "mcore-fsdp" / "examples" / "train_hf_llama.py"
 
-
-def _example():
-    spec = importlib.util.spec_from_file_location("train_hf_llama", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_hf_llama_trains_like_single_process(run_distributed):
-    example = _example()
+def test_hf_llama_trains_like_single_process(run_distributed, hf_llama_example):
+    example = hf_llama_example
 
     def body():
         steps, per_rank = 3, 2
@@ -65,8 +55,8 @@ def test_hf_llama_trains_like_single_process(run_distributed):
     assert losses[0] != losses[1]  # the ranks really saw different data
 
 
-def test_example_imports_no_other_mcore_package():
-    source = EXAMPLE.read_text()
+def test_example_imports_no_other_mcore_package(hf_llama_example):
+    source = Path(hf_llama_example.__file__).read_text()
     imported = {
         line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))
     }
@@ -85,10 +75,10 @@ FLAT_RUNS = [
 HYBRID_RUNS = [("optim_grads_params", "no_shard"), ("optim_grads_params", "optim")]
 
 
-def _build(family: str) -> torch.nn.Module:
+def _build(example, family: str) -> torch.nn.Module:
     """A tiny random-weight causal LM of ``family``, with the example's configuration."""
     prefix = FAMILIES[family]
-    config = getattr(transformers, f"{prefix}Config")(**_example().CONFIG, attn_implementation="eager")
+    config = getattr(transformers, f"{prefix}Config")(**example.CONFIG, attn_implementation="eager")
     torch.manual_seed(0)
     return getattr(transformers, f"{prefix}ForCausalLM")(config)
 
@@ -100,10 +90,9 @@ def _shard_per_layer(model, shard, **kwargs):
     return model
 
 
-def _train(model, clip, global_batch: bool) -> list[float]:
+def _train(example, model, clip, global_batch: bool) -> list[float]:
     """``STEPS`` AdamW steps with clipping; the global mean loss of each step."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    example = _example()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(STEPS):
@@ -123,24 +112,24 @@ def _train(model, clip, global_batch: bool) -> list[float]:
     return losses
 
 
-def _fsdp2_clip(model) -> None:
+def _plain_clip(model) -> None:
     torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
 
 
-def _train_per_layer(runs, mesh_shape):
+def _train_per_layer(example, runs, mesh_shape):
     """Train each family in one process, under FSDP2 and under each of ``runs`` (rank 0 returns
     ``{(family, name): (losses, final parameters)}`` and each family's initial parameters)."""
     names = ("shard",) if len(mesh_shape) == 1 else ("replicate", "shard")
     peer_mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     results = {}
     for family in FAMILIES:
-        initial = _build(family)
+        initial = _build(example, family)
         results[(family, "initial")] = ([], _detached(initial.state_dict()))
         reference = copy.deepcopy(initial)
-        losses = _train(reference, lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), MAX_NORM), True)
+        losses = _train(example, reference, _plain_clip, True)
         results[(family, "one process")] = (losses, _detached(reference.state_dict()))
         peer = _shard_per_layer(copy.deepcopy(initial), fsdp2_fully_shard, mesh=peer_mesh)
-        losses = _train(peer, _fsdp2_clip, False)
+        losses = _train(example, peer, _plain_clip, False)
         full = {
             key: value.full_tensor() if isinstance(value, DTensor) else value
             for key, value in peer.state_dict().items()
@@ -150,7 +139,7 @@ def _train_per_layer(runs, mesh_shape):
             ours = _shard_per_layer(
                 copy.deepcopy(initial), fully_shard, mesh=mesh_shape, strategy=strategy, outer_strategy=outer
             )
-            losses = _train(ours, lambda m: m.clip_grad_norm_(MAX_NORM), False)
+            losses = _train(example, ours, lambda m: m.clip_grad_norm_(MAX_NORM), False)
             results[(family, f"{strategy}/{outer}")] = (losses, ours.full_state_dict())
     return results if dist.get_rank() == 0 else None
 
@@ -160,11 +149,11 @@ def _detached(state: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def per_layer_runs():
+def per_layer_runs(hf_llama_example):
     """Every family trained every way, in one spawn per mesh: ``{mesh: results}``."""
     return {
-        "flat": run_distributed(_train_per_layer, 2, FLAT_RUNS, (2,), timeout=240)[0],
-        "hybrid": run_distributed(_train_per_layer, 4, HYBRID_RUNS, (2, 2), timeout=240)[0],
+        "flat": run_distributed(_train_per_layer, 2, hf_llama_example, FLAT_RUNS, (2,), timeout=240)[0],
+        "hybrid": run_distributed(_train_per_layer, 4, hf_llama_example, HYBRID_RUNS, (2, 2), timeout=240)[0],
     }
 
 
