@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from mcore_fsdp import FSDPModule, MixedPrecision, count_collectives, fully_shard
 from torch import nn
+from torch.distributed.fsdp import fully_shard as fsdp2_fully_shard
 
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 DEPTH = 3
@@ -201,6 +202,11 @@ def _unit_inside_sharded(tiny, net):
     return lambda: fully_shard(net, unit_classes=(nn.LayerNorm,))
 
 
+def _fsdp2_child(tiny, net):
+    fsdp2_fully_shard(net.blocks[0])
+    return lambda: fully_shard(net)
+
+
 def _init_fn_with_sharded_child(tiny, net):
     fully_shard(net.blocks[0])
     return lambda: fully_shard(net, init_fn=lambda module: None)
@@ -213,6 +219,7 @@ COMPOSITION_ERRORS = {
     "tied_across_units": (_tie_across_blocks, "'proj.weight' is shared with the already sharded Block"),
     "tied_with_root": (_tie_block_to_root, "'shared_scale' is shared with the already sharded Block"),
     "unit_classes_inside_sharded": (_unit_inside_sharded, "'blocks.0.norm' (LayerNorm) inside a module"),
+    "fsdp2_child": (_fsdp2_child, "'blocks.0.norm.weight' is a DTensor, already sharded by another"),
     "init_fn_with_sharded_child": (_init_fn_with_sharded_child, "init_fn cannot be combined"),
     "strategy_mismatch": (_mismatch({"strategy": "optim"}, {}), "strategy differs"),
     "mesh_mismatch": (_mismatch({"mesh": (2,)}, {"mesh": (1, 2)}), "mesh differs"),

@@ -174,8 +174,10 @@ def fully_shard(
     Raises:
         FSDPConfigError: bad arguments or an impossible composition (a module sharded twice, a
             submodule sharded after an enclosing module, a parameter shared across units of
-            separate calls, arguments that differ from an adopted call's), detected before any
-            collective is issued.
+            separate calls, arguments that differ from an adopted call's, parameters that are
+            DTensors already), detected before any collective is issued. A forward of sharded
+            layers inside a module with trainable parameters no call manages (a forgotten
+            root call) raises it too.
     """
     if not isinstance(module, nn.Module):
         raise FSDPConfigError(f"module must be an nn.Module; got {type(module).__name__}")

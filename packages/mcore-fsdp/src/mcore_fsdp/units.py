@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from mcore_fsdp import ownership
 from mcore_fsdp.errors import FSDPConfigError
@@ -51,6 +52,11 @@ def plan_units(module: nn.Module, unit_classes: tuple) -> UnitPlan:
 
 def _check_no_sharded_params(call_module: nn.Module, module: nn.Module, prefix: str, skip: set[int]) -> None:
     for name, param in module._parameters.items():
+        if isinstance(param, DTensor):
+            raise FSDPConfigError(
+                f"parameter {prefix + name!r} is a DTensor, already sharded by another implementation "
+                "(e.g. torch.distributed.fsdp.fully_shard): shard the whole model with one of them"
+            )
         owner = ownership.owner(param) if param is not None else None
         if owner is None:
             continue
