@@ -1,7 +1,8 @@
 """``fully_shard`` composes like FSDP2: per-layer calls, then the root.
 
 Oracles: the same model built with ``unit_classes`` in one call (same units, so bit-identical
-results and the same collectives), and one process training on the whole batch.
+results and the same collectives; nested units give the same bits with more collectives), and
+one process training on the whole batch.
 """
 
 import copy
@@ -37,6 +38,15 @@ def _mixed(tiny, net, strategy):
     return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
 
 
+def _nested(tiny, net, strategy):
+    """Three levels: each block's projection, each block, then the root."""
+    for block in net.blocks:
+        fully_shard(block.proj, strategy=strategy)
+        fully_shard(block, strategy=strategy)
+    fully_shard(net, strategy=strategy)
+    return net, torch.optim.AdamW(net.parameters(), lr=1e-2)
+
+
 def _optimizer_before_root_call(tiny, net, strategy):
     for block in net.blocks:
         fully_shard(block, strategy=strategy)
@@ -55,6 +65,7 @@ BUILDS = {
     "unit_classes": _unit_classes,
     "per_layer": _per_layer,
     "mixed": _mixed,
+    "nested": _nested,
     "optimizer_before_root_call": _optimizer_before_root_call,
     "optimizer_before_any_call": _optimizer_before_any_call,
 }
@@ -96,11 +107,17 @@ def _train_each_build(tiny):
 def test_per_layer_calls_train_like_unit_classes_and_one_process(run_distributed, tiny):
     counts = run_distributed(_train_each_build, 2, tiny, timeout=60)[0]
     for (strategy, name), per_step in counts.items():
-        assert per_step == counts[(strategy, "unit_classes")], (strategy, name)
+        if name != "nested":
+            assert per_step == counts[(strategy, "unit_classes")], (strategy, name)
     # N block units and the root: N + 1 gathers in forward, N in backward.
     assert (
         counts[("optim_grads_params", "per_layer")]
         == [{"all_gather": 2 * DEPTH + 1, "reduce_scatter": DEPTH + 1}] * STEPS
+    )
+    # Nested: 2N units below the root.
+    assert (
+        counts[("optim_grads_params", "nested")]
+        == [{"all_gather": 4 * DEPTH + 1, "reduce_scatter": 2 * DEPTH + 1}] * STEPS
     )
 
 
