@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import multiprocessing as mp
 import statistics
@@ -78,15 +79,16 @@ def _reset_peak() -> None:
 
 
 def _shard(model: nn.Module, implementation: str, mesh) -> nn.Module:
+    """The same calls for both: each block, then the root."""
     if implementation == "fsdp2":
         from torch.distributed.fsdp import fully_shard
+    else:
+        from mcore_fsdp import fully_shard as mcore_fully_shard
 
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-    from mcore_fsdp import fully_shard
-
-    return fully_shard(model, mesh=mesh, unit_classes=(Block,), strategy=implementation)
+        fully_shard = functools.partial(mcore_fully_shard, strategy=implementation)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _rank(rank: int, store_path: str, implementation: str, args, results) -> None:

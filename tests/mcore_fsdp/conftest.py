@@ -1,7 +1,13 @@
-"""Tiny models and data shared by the mcore-fsdp tests, as fixtures (tests are not a package)."""
+"""Tiny models, data and the packaged examples shared by the mcore-fsdp tests, as fixtures
+(tests are not a package)."""
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from mcore_fsdp import CheckpointMismatchError, FSDPConfigError
 from torch import nn
 
 
@@ -68,3 +74,36 @@ def tiny():
         loss = staticmethod(mse)
 
     return Helpers
+
+
+def error_on_rank0(make_call):
+    """Run ``make_call`` on rank 0 only and return ``"ErrorType: message"`` of the typed error it
+    must raise (``None`` on the other ranks, which return at once).
+
+    A call that reached a collective would wait for a peer that never comes and time out instead
+    of raising: so the error is shown to come before any collective.
+    """
+    if dist.get_rank() != 0:
+        return None
+    with pytest.raises((FSDPConfigError, CheckpointMismatchError)) as error:
+        make_call()
+    return f"{type(error.value).__name__}: {error.value}"
+
+
+@pytest.fixture
+def rank0_error():
+    """``error_on_rank0`` above, as a fixture."""
+    return error_on_rank0
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "packages" / "mcore-fsdp" / "examples"
+
+
+@pytest.fixture(scope="session")
+def hf_llama_example():
+    """``examples/train_hf_llama.py`` imported as a module (skips without ``transformers``)."""
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("train_hf_llama", EXAMPLES / "train_hf_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

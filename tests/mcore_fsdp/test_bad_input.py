@@ -6,17 +6,8 @@ would wait for a peer that never comes and time out instead of raising the expec
 
 import pytest
 import torch
-import torch.distributed as dist
-from mcore_fsdp import CheckpointMismatchError, FSDPConfigError, MixedPrecision, fully_shard
+from mcore_fsdp import MixedPrecision, fully_shard
 from torch import nn
-
-
-def _error_on_rank0(make_call):
-    if dist.get_rank() != 0:
-        return None
-    with pytest.raises((FSDPConfigError, CheckpointMismatchError)) as error:
-        make_call()
-    return f"{type(error.value).__name__}: {error.value}"
 
 
 @pytest.mark.parametrize(
@@ -33,7 +24,7 @@ def _error_on_rank0(make_call):
         ("not_a_mesh", "must be a DeviceMesh, a ProcessGroup"),
     ],
 )
-def test_bad_arguments_fail_fast(run_distributed, tiny, case, message):
+def test_bad_arguments_fail_fast(run_distributed, tiny, rank0_error, case, message):
     calls = {
         "meta_without_init_fn": lambda: fully_shard(_meta_net(tiny), unit_classes=(tiny.Block,)),
         "absent_unit_class": lambda: fully_shard(tiny.Net(), unit_classes=(nn.GRU, "NoSuchLayer")),
@@ -47,7 +38,7 @@ def test_bad_arguments_fail_fast(run_distributed, tiny, case, message):
         "expert_mesh_without_predicate": lambda: fully_shard(tiny.Net(), expert_mesh=(2,)),
         "not_a_mesh": lambda: fully_shard(tiny.Net(), mesh="cpu"),
     }
-    error = run_distributed(_error_on_rank0, 2, calls[case], timeout=20)[0]
+    error = run_distributed(rank0_error, 2, calls[case], timeout=20)[0]
     assert message in error
 
 
@@ -57,7 +48,7 @@ def _meta_net(tiny):
 
 
 @pytest.mark.parametrize("case", ["wrong_shape", "missing_key", "unexpected_key"])
-def test_incompatible_checkpoint_fails_fast(run_distributed, tiny, case):
+def test_incompatible_checkpoint_fails_fast(run_distributed, tiny, rank0_error, case):
     def body():
         model = fully_shard(tiny.Net(), unit_classes=(tiny.Block,))
         state = tiny.Net(dim=8).state_dict()
@@ -67,7 +58,7 @@ def test_incompatible_checkpoint_fails_fast(run_distributed, tiny, case):
             del state["blocks.1.proj.bias"]
         else:
             state["blocks.9.proj.weight"] = torch.zeros(1)
-        return _error_on_rank0(lambda: model.load_state_dict(state))
+        return rank0_error(lambda: model.load_state_dict(state))
 
     error = run_distributed(body, 2, timeout=20)[0]
     assert error.startswith("CheckpointMismatchError")

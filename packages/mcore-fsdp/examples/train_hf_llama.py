@@ -47,7 +47,10 @@ def train(steps: int = 3, per_rank_batch: int = 2, precision: MixedPrecision | N
         if dist.get_backend() == "nccl"
         else torch.device("cpu")
     )
-    model = fully_shard(build_model(), unit_classes=("LlamaDecoderLayer",), precision=precision)
+    model = build_model()
+    for layer in model.model.layers:  # each decoder layer a unit, then the root (FSDP2's idiom)
+        fully_shard(layer, precision=precision)
+    fully_shard(model, precision=precision)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(steps):

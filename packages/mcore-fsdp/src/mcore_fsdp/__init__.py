@@ -1,7 +1,9 @@
 """Fully sharded data parallelism for any ``torch.nn.Module``. Depends only on torch and
 mcore-api, so it installs alone into any trainer.
 
-    model = fully_shard(model, unit_classes=(Block,))
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters())  # FP32 main-parameter shards
 """
 

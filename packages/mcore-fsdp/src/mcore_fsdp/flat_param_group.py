@@ -106,10 +106,13 @@ class FlatParamGroup:
                     piece = param.detach().reshape(-1)[slot.local_start : slot.local_stop]
                     self.main[self.main_range(slot)].copy_(piece)
 
-        self.main_params = [
-            nn.Parameter(self.main[self.main_range(slot)], requires_grad=slot.requires_grad)
-            for slot in self.slots
-        ]
+        # The original parameter objects become the main parameters: an optimizer built on
+        # them at any time, even before ``fully_shard``, steps the shards.
+        self.main_params = [param for param, _, _ in params]
+        with torch.no_grad():
+            for slot, param in zip(self.slots, self.main_params, strict=True):
+                param.grad = None
+                param.data = self.main[self.main_range(slot)]
         self.unsharded_params = [
             nn.Parameter(
                 self._full[slot.offset : slot.offset + slot.numel].view(slot.shape), slot.requires_grad
@@ -123,7 +126,7 @@ class FlatParamGroup:
         self._gather_input = self._make_gather_input()
         self._gather: Pending | None = None
         self._input_version: int | None = None
-        self._full_version: int | None = self.main._version
+        self._full_version: int | None = self.main_version()
         self.resident = True
         # The main gradient buffer lives only as long as the main parameters' ``.grad`` views of
         # it: ``optimizer.zero_grad()`` (set to None) frees it, as it frees plain gradients.
@@ -142,6 +145,11 @@ class FlatParamGroup:
         start = slot.offset + slot.local_start - self.owned_start
         return slice(max(start, 0), max(start, 0) + slot.local_stop - slot.local_start)
 
+    def main_version(self) -> int:
+        """Grows whenever the main parameters are written, through ``main`` or a parameter."""
+        # ``param.data = view`` gives a parameter the view's storage but not its version counter.
+        return self.main._version + sum(param._version for param in self.main_params)
+
     def _make_gather_input(self) -> torch.Tensor | None:
         config = self.config
         if self.layout_shards == 1:
@@ -157,7 +165,7 @@ class FlatParamGroup:
     def unshard(self, async_op: bool = False) -> None:
         """Make the full compute parameters current, gathering them if they are not."""
         if self._gather is None:
-            version = self.main._version
+            version = self.main_version()
             if self.resident and self._full_version == version:
                 return
             if self._full.untyped_storage().nbytes() == 0:

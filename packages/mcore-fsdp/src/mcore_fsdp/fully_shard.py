@@ -8,67 +8,112 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from mcore_fsdp import grad_norm
+from mcore_fsdp import grad_norm, ownership, units
 from mcore_fsdp import state_dict as checkpointing
 from mcore_fsdp.errors import FSDPConfigError
-from mcore_fsdp.flat_param_group import FlatParamGroup, GroupConfig
 from mcore_fsdp.precision import MixedPrecision
-from mcore_fsdp.strategies import OUTER_STRATEGIES, ShardingStrategy
+from mcore_fsdp.settings import ShardSettings
+from mcore_fsdp.strategies import ShardingStrategy
 from mcore_fsdp.topology import MeshLike, check_mesh, resolve_topology
 from mcore_fsdp.unit_state import ShardingState, ShardingUnit
+from mcore_fsdp.units import ExpertPredicate
 
 __all__ = ["FSDPModule", "fully_shard"]
 
-ExpertPredicate = Callable[[str, nn.Parameter], bool]
-
 
 class FSDPModule:
-    """Methods a module gains from ``fully_shard`` (mixed into its class)."""
+    """Methods a module gains from ``fully_shard`` (mixed into its class).
 
-    _fsdp_state: ShardingState
+    Every module ``fully_shard`` made a sharding unit has them. Methods with ``recurse`` act on
+    this module's unit and, with ``recurse=True``, on the units below it; the others act on the
+    units below it as well (the whole model when called on the root).
+    """
 
-    def unshard(self) -> None:
-        """Gather every unit's full parameters and register them on the modules."""
-        for unit in self._fsdp_state.units:
+    _fsdp_unit: ShardingUnit
+
+    @property
+    def _fsdp_state(self) -> ShardingState:
+        return self._fsdp_unit.state
+
+    def _fsdp_units(self, recurse: bool = True) -> list[ShardingUnit]:
+        if not recurse:
+            return [self._fsdp_unit]
+        return [unit for module in self.modules() if (unit := ownership.unit_of_module(module)) is not None]
+
+    def unshard(self, *, recurse: bool = True) -> None:
+        """Gather the units' full parameters and register them on the modules."""
+        chosen = self._fsdp_units(recurse)
+        for unit in chosen:
             unit.unshard(async_op=True)
-        for unit in self._fsdp_state.units:
+        for unit in chosen:
             unit.unshard()
             unit.expose(unsharded=True)
 
-    def reshard(self) -> None:
+    def reshard(self, *, recurse: bool = True) -> None:
         """Free the gathered parameters (where the strategy shards them); register main shards."""
-        for unit in self._fsdp_state.units:
+        for unit in self._fsdp_units(recurse):
             unit.reshard()
 
-    def set_requires_gradient_sync(self, requires_sync: bool) -> None:
-        """Reduce gradients in the coming backwards (``True``), or accumulate them locally."""
-        self._fsdp_state.sync_grads = bool(requires_sync)
+    def set_requires_gradient_sync(self, requires_sync: bool, *, recurse: bool = True) -> None:
+        """Reduce the units' gradients in the coming backwards (``True``), or accumulate them locally."""
+        for unit in self._fsdp_units(recurse):
+            unit.sync_grads = bool(requires_sync)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally in the backwards run inside this block (no communication)."""
-        previous = self._fsdp_state.sync_grads
-        self._fsdp_state.sync_grads = False
+        chosen = self._fsdp_units()
+        previous = [unit.sync_grads for unit in chosen]
+        self.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            self._fsdp_state.sync_grads = previous
+            for unit, value in zip(chosen, previous, strict=True):
+                unit.sync_grads = value
+
+    def set_is_last_backward(self, is_last: bool) -> None:
+        """Whether the next backward is the last before the optimizer step (default ``True``).
+
+        After a backward that is not the last, its final gradient reduction stays in flight,
+        overlapping what comes next; the next forward or backward, ``clip_grad_norm_`` and any
+        optimizer's ``step()`` complete it. Read ``.grad`` only after a last backward.
+        """
+        self._fsdp_state.is_last_backward = bool(is_last)
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
+        """Free the units' gathered parameters after forward (``True``) or keep them for backward."""
+        if not isinstance(reshard_after_forward, bool):
+            raise FSDPConfigError(f"reshard_after_forward must be a bool; got {reshard_after_forward!r}")
+        for unit in self._fsdp_units(recurse):
+            unit.requested_reshard_after_forward = unit.reshard_after_forward = reshard_after_forward
+
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """Free the units' gathered parameters after backward (``True``, default) or keep them, so
+        the next forward (e.g. of the next micro-batch) gathers nothing until parameters change."""
+        for unit in self._fsdp_units(recurse):
+            unit.reshard_after_backward = bool(reshard_after_backward)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale main gradients so their global norm is at most ``max_norm``; return the norm."""
-        return grad_norm.clip_grad_norm_(self._fsdp_state.groups, max_norm, norm_type)
+        self._fsdp_state.finish_reductions()
+        groups = [group for unit in self._fsdp_units() for group in unit.groups]
+        return grad_norm.clip_grad_norm_(groups, max_norm, norm_type)
 
     def state_dict(
         self, *, destination=None, prefix: str = "", keep_vars: bool = False
     ) -> dict[str, torch.Tensor]:
         """Parameters as DTensors sharded along dim 0 (for ``torch.distributed.checkpoint``),
         buffers as plain tensors; same keys and global shapes as the unsharded model."""
-        base = nn.Module.state_dict(self, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if self._fsdp_state.collecting_state_dict:  # inside an enclosing unit's state_dict
+            return nn.Module.state_dict(self, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        base = checkpointing.plain_state_dict(
+            self, destination=destination, prefix=prefix, keep_vars=keep_vars
+        )
         return checkpointing.sharded_state_dict(self, base, prefix)
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
         """Gathered, unsharded FP32 parameters and buffers, for export (a collective: all ranks call it)."""
-        return checkpointing.full_state_dict(self, nn.Module.state_dict(self), cpu=cpu)
+        return checkpointing.full_state_dict(self, checkpointing.plain_state_dict(self), cpu=cpu)
 
     def load_state_dict(self, state_dict, strict: bool = True) -> checkpointing.LoadResult:
         """Load DTensor (any sharding) or full tensors into the main parameters and buffers.
@@ -77,68 +122,6 @@ class FSDPModule:
         ``CheckpointMismatchError``.
         """
         return checkpointing.load_state_dict(self, state_dict, strict=strict)
-
-
-def _units_of(root: nn.Module, unit_classes: tuple) -> list[nn.Module]:
-    names = {cls for cls in unit_classes if isinstance(cls, str)}
-    types = tuple(cls for cls in unit_classes if isinstance(cls, type))
-    found = [
-        module
-        for module in root.modules()
-        if module is not root and (isinstance(module, types) or type(module).__name__ in names)
-    ]
-    if unit_classes and not found:
-        present = sorted({type(module).__name__ for module in root.modules()})
-        wanted = [cls if isinstance(cls, str) else cls.__name__ for cls in unit_classes]
-        raise FSDPConfigError(
-            f"unit_classes {wanted} match no submodule of {type(root).__name__}; "
-            f"module classes present: {present[:20]}"
-        )
-    return found
-
-
-def _check_unit_classes(unit_classes) -> tuple:
-    if isinstance(unit_classes, (type, str)):
-        unit_classes = (unit_classes,)
-    unit_classes = tuple(unit_classes)
-    for cls in unit_classes:
-        if not (isinstance(cls, str) or (isinstance(cls, type) and issubclass(cls, nn.Module))):
-            raise FSDPConfigError(f"unit_classes must hold nn.Module subclasses or class names; got {cls!r}")
-    return unit_classes
-
-
-def _owned_params(root: nn.Module, unit_modules: list[nn.Module]) -> dict[int, list]:
-    """Map each unit (by module id, root included) to ``[(param, owners, fqns)]`` it owns.
-
-    A parameter registered in several units (tied weights across units) belongs to the root,
-    which stays gathered through forward and backward.
-    """
-    unit_ids = {id(module) for module in unit_modules}
-    owner_unit: dict[int, int] = {}
-    entries: dict[int, tuple[nn.Parameter, list, list]] = {}
-
-    def visit(module: nn.Module, prefix: str, unit_id: int) -> None:
-        for name, param in module._parameters.items():
-            if param is None:
-                continue
-            param_id = id(param)
-            if param_id not in entries:
-                entries[param_id] = (param, [], [])
-                owner_unit[param_id] = unit_id
-            elif owner_unit[param_id] != unit_id:
-                owner_unit[param_id] = id(root)
-            if (module, name) not in entries[param_id][1]:
-                entries[param_id][1].append((module, name))
-                entries[param_id][2].append(prefix + name)
-        for child_name, child in module._modules.items():
-            if child is not None:
-                visit(child, f"{prefix}{child_name}.", id(child) if id(child) in unit_ids else unit_id)
-
-    visit(root, "", id(root))
-    owned: dict[int, list] = {id(module): [] for module in [root, *unit_modules]}
-    for param_id, (param, owners, fqns) in entries.items():
-        owned[owner_unit[param_id]].append((param, tuple(owners), tuple(fqns)))
-    return owned
 
 
 def fully_shard(
@@ -154,13 +137,18 @@ def fully_shard(
     init_fn: Callable[[nn.Module], None] | None = None,
     offload_optimizer: bool = False,
     prefetch: bool = True,
+    reshard_after_forward: bool | None = None,
 ) -> nn.Module:
     """Shard ``module`` in place for data parallelism and return it.
 
-    Each instance of ``unit_classes`` (types or class names) becomes a sharding unit whose
-    parameters are gathered together; the remaining parameters form the root unit. Afterwards
-    ``module.parameters()`` are the FP32 main-parameter shards: build any ``torch.optim``
-    optimizer on them, and call ``loss.backward()``/``optimizer.step()`` as usual.
+    Like PyTorch's FSDP2, calls compose bottom-up: ``fully_shard(layer)`` for each layer, then
+    ``fully_shard(model)``. Each call makes its module a sharding unit whose parameters (those
+    not in a unit already) are gathered together, and adopts the units of earlier calls on its
+    submodules; the last call, on the root, drives them all. ``unit_classes`` (types or class
+    names) makes each matching submodule a unit in the same call. Afterwards
+    ``module.parameters()`` are the FP32 main-parameter shards (the same parameter objects as
+    before): build any ``torch.optim`` optimizer on them, and call ``loss.backward()`` and
+    ``optimizer.step()`` as usual.
 
     Args:
         mesh: ``None`` (the default group), a ``ProcessGroup``, a 1-D ``DeviceMesh`` to shard
@@ -170,48 +158,48 @@ def fully_shard(
         outer_strategy: across the replicate dimension of a 2-D mesh, ``"no_shard"`` or
             ``"optim"`` (the latter only with ``strategy="optim_grads_params"``).
         precision: compute and gradient-communication dtypes; main parameters are FP32.
-        expert_parameters: ``(name, param) -> bool`` marking expert parameters; they shard over
-            ``expert_mesh`` (the expert-data-parallel group), the rest over ``mesh``.
+        expert_parameters: ``(name, param) -> bool`` marking expert parameters (names relative to
+            ``module``); they shard over ``expert_mesh`` (the expert-data-parallel group), the
+            rest over ``mesh``.
         init_fn: materializes parameters created on the ``meta`` device, called with ``module``.
         offload_optimizer: keep main parameters, main gradients (and so optimizer state) on CPU.
         prefetch: issue the next unit's all-gather early, in forward and in backward.
+        reshard_after_forward: for the units this call creates, ``True`` frees gathered
+            parameters after forward (gathered again for backward), ``False`` keeps them until
+            backward ends; ``None``: ``False`` for the root, ``True`` for the others.
+
+    Every call of one model must pass the same ``mesh`` (layout), ``strategy``,
+    ``outer_strategy``, ``precision``, ``offload_optimizer`` and ``prefetch``.
 
     Raises:
-        FSDPConfigError: bad arguments, detected before any collective is issued.
+        FSDPConfigError: bad arguments or an impossible composition (a module sharded twice, a
+            submodule sharded after an enclosing module, a parameter shared across units of
+            separate calls, arguments that differ from an adopted call's, parameters that are
+            DTensors already), detected before any collective is issued. A forward of sharded
+            layers inside a module with trainable parameters no call manages (a forgotten
+            root call) raises it too.
     """
-    strategy = ShardingStrategy.parse(strategy, "strategy")
-    outer = ShardingStrategy.parse(outer_strategy, "outer_strategy")
-    if outer not in OUTER_STRATEGIES:
-        raise FSDPConfigError(f"outer_strategy must be 'no_shard' or 'optim'; got {outer.value!r}")
-    if outer is ShardingStrategy.OPTIM and strategy is not ShardingStrategy.OPTIM_GRADS_PARAMS:
+    if not isinstance(module, nn.Module):
+        raise FSDPConfigError(f"module must be an nn.Module; got {type(module).__name__}")
+    settings = ShardSettings.parse(mesh, strategy, outer_strategy, precision, offload_optimizer, prefetch)
+    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
         raise FSDPConfigError(
-            f"outer_strategy='optim' requires strategy='optim_grads_params'; got strategy={strategy.value!r}"
+            f"reshard_after_forward must be True, False or None; got {reshard_after_forward!r} (an int, "
+            "FSDP2's resharding to a smaller group after forward, is not supported)"
         )
-    precision = precision or MixedPrecision()
-    if not isinstance(precision, MixedPrecision):
-        raise FSDPConfigError(f"precision must be a MixedPrecision or None; got {type(precision).__name__}")
-    if isinstance(module, FSDPModule):
-        raise FSDPConfigError("module is already sharded by fully_shard")
     if (expert_parameters is None) != (expert_mesh is None):
         raise FSDPConfigError("expert_parameters and expert_mesh must be given together")
-    unit_modules = _units_of(module, _check_unit_classes(unit_classes))
-    if init_fn is None:
-        meta = [name for name, param in module.named_parameters() if param.is_meta]
-        if meta:
-            raise FSDPConfigError(
-                f"{len(meta)} parameters are on the meta device (first: {meta[0]!r}); pass init_fn "
-                "to materialize them, e.g. init_fn=lambda m: (m.to_empty(device=...), m.reset_parameters())"
-            )
-    mesh_dims = check_mesh(mesh, "mesh")
-    if outer is ShardingStrategy.OPTIM and mesh_dims != 2:
-        raise FSDPConfigError(
-            f"outer_strategy='optim' needs a 2-D (replicate, shard) mesh; got {mesh_dims}-D"
-        )
+    plan = units.plan_units(module, units.check_unit_classes(unit_classes))
+    for name, unit in plan.adopted.items():
+        settings.check_same_as(unit.settings, f"{name!r} ({unit.module_class.__name__})")
+    _check_meta(module, init_fn, plan)
     if expert_mesh is not None and check_mesh(expert_mesh, "expert_mesh") != 1:
         raise FSDPConfigError("expert_mesh must be 1-D: the expert-data-parallel group")
-    topology = resolve_topology(mesh)
-    expert_topology = resolve_topology(expert_mesh) if expert_mesh is not None else None
-
+    topologies = units.Topologies(
+        resolve_topology(mesh),
+        resolve_topology(expert_mesh) if expert_mesh is not None else None,
+        expert_parameters,
+    )
     if init_fn is not None:
         init_fn(module)
         meta = [name for name, param in module.named_parameters() if param.is_meta]
@@ -220,45 +208,36 @@ def fully_shard(
                 f"init_fn left {len(meta)} parameters on the meta device (first: {meta[0]!r})"
             )
 
-    def group_config(dtype: torch.dtype, is_expert: bool) -> GroupConfig:
-        compute = precision.param_dtype or dtype
-        family = expert_topology if is_expert else topology
-        return GroupConfig(
-            topology=family,
-            strategy=strategy,
-            outer_optim=outer is ShardingStrategy.OPTIM and family.replicate_group is not None,
-            compute_dtype=compute,
-            reduce_dtype=precision.reduce_dtype or compute,
-            fp32_accumulate_reduce_scatter=precision.fp32_accumulate_reduce_scatter,
-            offload=offload_optimizer,
-            grad_divisor=family.shard_size * family.replicate_size,
-            expert=is_expert,
-        )
-
-    owned = _owned_params(module, unit_modules)
-    units = []
-    for unit_module in [module, *unit_modules]:
-        families: dict[tuple, list] = {}
-        for entry in owned[id(unit_module)]:
-            param, _, fqns = entry
-            is_expert = expert_parameters is not None and expert_parameters(fqns[0], param)
-            families.setdefault((param.dtype, is_expert), []).append(entry)
-        groups = [
-            FlatParamGroup(entries, group_config(dtype, is_expert))
-            for (dtype, is_expert), entries in families.items()
-        ]
-        units.append(ShardingUnit(unit_module, groups, is_root=unit_module is module))
-    for unit in units:
-        unit.expose(unsharded=False)
-    for name, buffer in list(module.named_buffers()):
-        if buffer.device != topology.device and not buffer.is_meta:
-            owner, _, attribute = name.rpartition(".")
-            module.get_submodule(owner)._buffers[attribute] = buffer.to(topology.device)
-
-    state = ShardingState(units, precision.param_dtype if precision.cast_forward_inputs else None, prefetch)
-    module.__class__ = _sharded_class(type(module))
-    module._fsdp_state = state
+    new_units = units.build_units(module, plan, settings, topologies, reshard_after_forward)
+    _move_buffers(module, topologies.dense.device)
+    ShardingState(units.in_tree_order(module, [*new_units, *plan.adopted.values()]))
+    for unit in new_units:
+        unit.module.__class__ = _sharded_class(unit.module_class)
+        unit.module._fsdp_unit = unit
     return module
+
+
+def _check_meta(module: nn.Module, init_fn, plan: units.UnitPlan) -> None:
+    if init_fn is not None and plan.adopted:
+        raise FSDPConfigError(
+            f"init_fn cannot be combined with already sharded submodules ({list(plan.adopted)[:3]}): it "
+            "would reach their shards. Materialize the remaining meta parameters before this call, or "
+            "use unit_classes with init_fn in a single call"
+        )
+    if init_fn is None:
+        meta = [name for name, param in module.named_parameters() if param.is_meta]
+        if meta:
+            raise FSDPConfigError(
+                f"{len(meta)} parameters are on the meta device (first: {meta[0]!r}); pass init_fn "
+                "to materialize them, e.g. init_fn=lambda m: (m.to_empty(device=...), m.reset_parameters())"
+            )
+
+
+def _move_buffers(module: nn.Module, device: torch.device) -> None:
+    for name, buffer in list(module.named_buffers()):
+        if buffer.device != device and not buffer.is_meta:
+            owner, _, attribute = name.rpartition(".")
+            module.get_submodule(owner)._buffers[attribute] = buffer.to(device)
 
 
 _SHARDED_CLASSES: dict[type, type] = {}

@@ -12,26 +12,33 @@ from torch.distributed.tensor import DTensor
 
 from mcore_fsdp.errors import CheckpointMismatchError
 from mcore_fsdp.flat_param_group import FlatParamGroup, ParamSlot
-from mcore_fsdp.state_dict import model_groups, to_dtensor
+from mcore_fsdp.state_dict import model_groups, named_slots, names_by_slot, to_dtensor
 
 
-def _locate(
-    model: nn.Module, optimizer: torch.optim.Optimizer
-) -> dict[int, tuple[FlatParamGroup, ParamSlot]]:
-    """Map each optimizer parameter (by id) to its flat group and slot; refuse foreign tensors."""
-    located = {
-        id(param): (group, slot)
-        for group in model_groups(model)
+def _main_params_by_name(model: nn.Module) -> dict[str, tuple[FlatParamGroup, ParamSlot, nn.Parameter]]:
+    """Each main parameter of ``model`` under its first ``state_dict`` name, with group and slot."""
+    named = named_slots(model)
+    names = names_by_slot(named)
+    return {
+        names[id(slot)][0]: (group, slot, param)
+        for group in model_groups(named)
         for slot, param in zip(group.slots, group.main_params, strict=True)
+        if id(slot) in names
     }
+
+
+def _locate(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple]:
+    """``_main_params_by_name``, after refusing an optimizer that holds foreign tensors."""
+    by_name = _main_params_by_name(model)
+    known = {id(param) for _, _, param in by_name.values()}
     for param_group in optimizer.param_groups:
         for param in param_group["params"]:
-            if id(param) not in located:
+            if id(param) not in known:
                 raise CheckpointMismatchError(
                     "the optimizer holds a tensor that is not a main parameter of the model; build it "
-                    "on model.parameters() after fully_shard"
+                    "on model.parameters()"
                 )
-    return located
+    return by_name
 
 
 def _is_sharded(value: Any, param: torch.Tensor) -> bool:
@@ -64,10 +71,11 @@ def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     Missing state is created first (a step with lr 0), so the result also serves as the template
     ``torch.distributed.checkpoint.load`` fills. A collective: every rank calls it.
     """
-    located = _locate(model, optimizer)
+    by_name = _locate(model, optimizer)
+    name_of = {id(param): name for name, (_, _, param) in by_name.items()}
     _ensure_state(optimizer)
     state: dict[str, dict[str, Any]] = {}
-    for group in model_groups(model):
+    for group in model_groups(named_slots(model)):
         first = group.main_params[0] if group.main_params else None
         sharded_keys = sorted(
             key for key, value in optimizer.state.get(first, {}).items() if _is_sharded(value, first)
@@ -78,19 +86,20 @@ def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
                 if key in optimizer.state.get(param, {}):
                     owned[group.main_range(slot)].copy_(optimizer.state[param][key])
             full = group.gather_full(owned)
-            for slot in group.slots:
-                value = to_dtensor(group, slot, full[slot.offset : slot.offset + slot.numel].view(slot.shape))
-                state.setdefault(slot.fqns[0], {})[key] = value
-        for slot, param in zip(group.slots, group.main_params, strict=True):
+            for slot, param in zip(group.slots, group.main_params, strict=True):
+                if id(param) in name_of:
+                    value = full[slot.offset : slot.offset + slot.numel].view(slot.shape)
+                    state.setdefault(name_of[id(param)], {})[key] = to_dtensor(group, slot, value)
+        for param in group.main_params:
             for key, value in optimizer.state.get(param, {}).items():
-                if key not in sharded_keys:
-                    state.setdefault(slot.fqns[0], {})[key] = (
+                if key not in sharded_keys and id(param) in name_of:
+                    state.setdefault(name_of[id(param)], {})[key] = (
                         value.clone() if torch.is_tensor(value) else value
                     )
     param_groups = [
         {
             **{k: v for k, v in param_group.items() if k != "params"},
-            "params": [located[id(p)][1].fqns[0] for p in param_group["params"]],
+            "params": [name_of[id(p)] for p in param_group["params"]],
         }
         for param_group in optimizer.param_groups
     ]
@@ -105,12 +114,7 @@ def load_optimizer_state_dict(
     Names, group layout and global shapes are checked before any communication; a mismatch raises
     ``CheckpointMismatchError``.
     """
-    _locate(model, optimizer)
-    named = {
-        slot.fqns[0]: (group, slot, param)
-        for group in model_groups(model)
-        for slot, param in zip(group.slots, group.main_params, strict=True)
-    }
+    named = _locate(model, optimizer)
     name_of = {id(param): name for name, (_, _, param) in named.items()}
     saved_groups = state_dict.get("param_groups", [])
     current = [[name_of[id(param)] for param in group["params"]] for group in optimizer.param_groups]

@@ -25,16 +25,50 @@ class LoadResult(NamedTuple):
     unexpected_keys: list[str]
 
 
-def model_groups(module: nn.Module) -> list[FlatParamGroup]:
-    """The flat groups of a sharded model; expert groups are refused (not checkpointable yet)."""
-    groups = module._fsdp_state.groups
-    experts = [slot.fqns[0] for group in groups if group.config.expert for slot in group.slots]
+def named_slots(module: nn.Module) -> dict[str, tuple[FlatParamGroup, ParamSlot]]:
+    """Every name a sharded parameter is registered under in ``module`` (relative to it, in
+    ``state_dict`` order), with its flat group and slot; expert groups are refused (not
+    checkpointable yet)."""
+    owned: dict[int, list] = {}
+    for group in module._fsdp_state.groups:
+        for slot in group.slots:
+            for owner, attribute in slot.owners:
+                owned.setdefault(id(owner), []).append((attribute, group, slot))
+    named = {}
+    for path, submodule in module.named_modules(remove_duplicate=False):
+        for attribute, group, slot in owned.get(id(submodule), ()):
+            named[f"{path}.{attribute}" if path else attribute] = (group, slot)
+    experts = [name for name, (group, _) in named.items() if group.config.expert]
     if experts:
         raise NotImplementedError(
             f"state dicts of expert parameters (e.g. {experts[0]!r}) are not supported yet: expert-parallel "
             "ranks hold different experts under the same name"
         )
-    return groups
+    return named
+
+
+def names_by_slot(named: dict[str, tuple[FlatParamGroup, ParamSlot]]) -> dict[int, list[str]]:
+    """The names of each slot (by ``id``), in ``named``'s order."""
+    names: dict[int, list[str]] = {}
+    for name, (_, slot) in named.items():
+        names.setdefault(id(slot), []).append(name)
+    return names
+
+
+def model_groups(named: dict[str, tuple[FlatParamGroup, ParamSlot]]) -> list[FlatParamGroup]:
+    """The flat groups with a parameter in ``named``, each once, in order."""
+    return list({id(group): group for group, _ in named.values()}.values())
+
+
+def plain_state_dict(module: nn.Module, **kwargs) -> dict[str, torch.Tensor]:
+    """``nn.Module.state_dict`` of a sharded module: main shards as registered (units below it
+    leave theirs alone too)."""
+    state = module._fsdp_state
+    previous, state.collecting_state_dict = state.collecting_state_dict, True
+    try:
+        return nn.Module.state_dict(module, **kwargs)
+    finally:
+        state.collecting_state_dict = previous
 
 
 def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
@@ -69,29 +103,31 @@ def _full_params(group: FlatParamGroup, owned: torch.Tensor):
         yield slot, full[slot.offset : slot.offset + slot.numel].view(slot.shape)
 
 
+def _replace_params(module: nn.Module, base: dict, prefix: str, convert) -> dict[str, torch.Tensor]:
+    """Set every parameter entry of ``base`` to ``convert(group, slot, gathered parameter)``."""
+    named = named_slots(module)
+    names = names_by_slot(named)
+    for group in model_groups(named):
+        for slot, full_param in _full_params(group, group.main):
+            value = convert(group, slot, full_param)
+            for name in names.get(id(slot), ()):
+                if prefix + name in base:
+                    base[prefix + name] = value
+    return base
+
+
 def sharded_state_dict(
     module: nn.Module, base: dict[str, torch.Tensor], prefix: str = ""
 ) -> dict[str, torch.Tensor]:
-    """Replace the parameter entries of ``base`` (``nn.Module.state_dict``) with DTensors."""
-    for group in model_groups(module):
-        for slot, full_param in _full_params(group, group.main):
-            value = to_dtensor(group, slot, full_param)
-            for fqn in slot.fqns:
-                if prefix + fqn in base:
-                    base[prefix + fqn] = value
-    return base
+    """Replace the parameter entries of ``base`` (``plain_state_dict``) with DTensors."""
+    return _replace_params(module, base, prefix, to_dtensor)
 
 
 def full_state_dict(
     module: nn.Module, base: dict[str, torch.Tensor], cpu: bool = True
 ) -> dict[str, torch.Tensor]:
     """Replace the parameter entries of ``base`` with gathered full FP32 tensors."""
-    for group in model_groups(module):
-        for slot, full_param in _full_params(group, group.main):
-            value = full_param.clone()
-            for fqn in slot.fqns:
-                if fqn in base:
-                    base[fqn] = value
+    _replace_params(module, base, "", lambda group, slot, full_param: full_param.clone())
     return {key: value.detach().cpu() if cpu else value.detach() for key, value in base.items()}
 
 
@@ -102,15 +138,16 @@ def load_state_dict(
 
     Every key and global shape is checked before any communication.
     """
-    groups = model_groups(module)
-    slots = {fqn: slot for group in groups for slot in group.slots for fqn in slot.fqns}
-    buffer_keys = set(nn.Module.state_dict(module)) - set(slots)
+    named = named_slots(module)
+    names = names_by_slot(named)
+    slots = {name: slot for name, (_, slot) in named.items()}
+    buffer_keys = set(plain_state_dict(module)) - set(slots)
     expected = set(slots) | buffer_keys
     missing = sorted(expected - set(state_dict))
     unexpected = sorted(set(state_dict) - expected)
     # A tied parameter is loaded from whichever of its names is present.
     missing_params = [
-        fqn for fqn in missing if fqn in slots and not any(n in state_dict for n in slots[fqn].fqns)
+        name for name in missing if name in slots and not any(n in state_dict for n in names[id(slots[name])])
     ]
     if strict and (unexpected or missing_params or [key for key in missing if key in buffer_keys]):
         raise CheckpointMismatchError(
@@ -127,9 +164,11 @@ def load_state_dict(
         raise CheckpointMismatchError(f"state dict shapes do not match the model: {wrong[:10]}")
 
     with torch.no_grad():
-        for group in groups:
+        for group in model_groups(named):
             for slot in group.slots:
-                value = next(state_dict[fqn] for fqn in slot.fqns if fqn in state_dict)
+                if id(slot) not in names:  # tied to a parameter registered outside ``module``
+                    continue
+                value = next(state_dict[name] for name in names[id(slot)] if name in state_dict)
                 if isinstance(value, DTensor):
                     value = value.full_tensor()
                 piece = value.reshape(-1)[slot.local_start : slot.local_stop]

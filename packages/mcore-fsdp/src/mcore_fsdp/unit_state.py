@@ -3,15 +3,20 @@ order, deferred release under activation recompute, and gradient-reduction sched
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
 from torch.autograd import Variable
 from torch.autograd.graph import register_multi_grad_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
 
+from mcore_fsdp import enclosing
 from mcore_fsdp.collectives import Pending
 from mcore_fsdp.flat_param_group import FlatParamGroup
+from mcore_fsdp.settings import ShardSettings
 
 # Reductions left in flight once a new one is issued (the new one included); see also
 # ``ShardingState._first_grad``.
@@ -19,12 +24,43 @@ _MAX_REDUCTIONS_IN_FLIGHT = 1
 
 
 class ShardingUnit:
-    """A module whose parameters are gathered together before its forward and backward."""
+    """A module whose parameters are gathered together before its forward and backward.
 
-    def __init__(self, module: nn.Module, groups: list[FlatParamGroup], is_root: bool) -> None:
+    Its hooks run on whichever ``ShardingState`` it belongs to now: the state of its own
+    ``fully_shard`` call, until a later call on an enclosing module adopts it.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        groups: list[FlatParamGroup],
+        settings: ShardSettings,
+        reshard_after_forward: bool | None,
+    ) -> None:
         self.module = module
+        self.module_class = type(module)  # before fully_shard mixes FSDPModule into it
         self.groups = groups
+        self.settings = settings
+        # ``None``: reshard unless this unit is the root of its state.
+        self.requested_reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward = True
+        self.reshard_after_backward = True
+        self.sync_grads = True
+        self.is_root = False
+        self.state: ShardingState | None = None
+        module.register_forward_pre_hook(
+            lambda module, args, kwargs: self.state._pre_forward(self, args, kwargs),
+            with_kwargs=True,
+            prepend=True,
+        )
+        module.register_forward_hook(lambda module, args, output: self.state._post_forward(self, output))
+
+    def attach(self, state: ShardingState, is_root: bool) -> None:
+        """Run this unit's hooks on ``state``."""
+        self.state = state
         self.is_root = is_root
+        requested = self.requested_reshard_after_forward
+        self.reshard_after_forward = (not is_root) if requested is None else requested
 
     def unshard(self, async_op: bool = False) -> None:
         for group in self.groups:
@@ -62,15 +98,22 @@ def _cast_floating(value, dtype: torch.dtype):
 
 
 class ShardingState:
-    """Drives the units of one sharded model through forward, backward and gradient sync."""
+    """Drives the units of one sharded model through forward, backward and gradient sync.
 
-    def __init__(self, units: list[ShardingUnit], input_dtype: torch.dtype | None, prefetch: bool) -> None:
+    ``units[0]`` is the root: the module ``fully_shard`` was called on last.
+    """
+
+    def __init__(self, units: list[ShardingUnit]) -> None:
+        root = units[0]
         self.units = units
         self.groups = [group for unit in units for group in unit.groups]
-        self.input_dtype = input_dtype
-        self.prefetch = prefetch
-        self.sync_grads = True
+        precision = root.settings.precision
+        self.input_dtype = precision.param_dtype if precision.cast_forward_inputs else None
+        self.prefetch = root.settings.prefetch
+        self.is_last_backward = True
         self.in_backward = False
+        self.collecting_state_dict = False
+        self._checked_enclosing = False
         self._forward_order: list[ShardingUnit] = []
         self._order_index: dict[int, int] = {}
         self._order_frozen = False
@@ -80,14 +123,9 @@ class ShardingState:
             group.on_grads_ready = self._grads_ready
             group.on_first_grad = self._first_grad
         for unit in units:
-            unit.module.register_forward_pre_hook(
-                lambda module, args, kwargs, unit=unit: self._pre_forward(unit, args, kwargs),
-                with_kwargs=True,
-                prepend=True,
-            )
-            unit.module.register_forward_hook(
-                lambda module, args, output, unit=unit: self._post_forward(unit, output),
-            )
+            if unit.state is not None:  # adopted from an earlier call's state
+                unit.state.finish_reductions()
+            unit.attach(self, is_root=unit is root)
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -100,6 +138,9 @@ class ShardingState:
         return self._forward_order[index + step]
 
     def _pre_forward(self, unit: ShardingUnit, args, kwargs):
+        if unit.is_root and not self._checked_enclosing:
+            enclosing.check_no_unmanaged_enclosing(unit.module)
+            self._checked_enclosing = True
         if unit.is_root and not self.in_backward:
             self.finish_reductions()
             if self.input_dtype is not None:
@@ -126,9 +167,9 @@ class ShardingState:
         # Under activation recompute the forward runs again inside backward; the unit stays
         # resident until its gradients are done (deferred release), so it is not gathered twice.
         if not self.in_backward:
-            if not unit.is_root:
+            if unit.reshard_after_forward:
                 unit.reshard()
-            elif not torch.is_grad_enabled():
+            elif unit.is_root and not torch.is_grad_enabled():
                 for each in self.units:
                     each.expose(unsharded=False)
         return output
@@ -159,10 +200,12 @@ class ShardingState:
             previous.unshard(async_op=True)
 
     def _grads_ready(self, group: FlatParamGroup) -> None:
+        unit = self._unit_of[id(group)]
         # Free the gathered parameters first: the flat gradient buffer is allocated next.
-        group.reshard()
+        if unit.reshard_after_backward:
+            group.reshard()
         group.expose(unsharded=False)
-        if self.sync_grads:
+        if unit.sync_grads:
             self._reductions.append(group.start_reduce())
             while len(self._reductions) > _MAX_REDUCTIONS_IN_FLIGHT:
                 self._reductions.pop(0).wait()
@@ -175,9 +218,15 @@ class ShardingState:
         for group in self.groups:
             if group.has_trainable and group.grads_pending:
                 self._grads_ready(group)
-        self.finish_reductions()
+        if self.is_last_backward:
+            self.finish_reductions()
+        else:
+            _finish_before_optimizer_steps(self)
         for unit in self.units:
-            unit.reshard()
+            if unit.reshard_after_backward:
+                unit.reshard()
+            else:
+                unit.expose(unsharded=False)
         self.in_backward = False
         self._order_frozen = bool(self._forward_order)
 
@@ -185,3 +234,22 @@ class ShardingState:
         """Wait for every gradient reduction in flight and add the results to main gradients."""
         while self._reductions:
             self._reductions.pop(0).wait()
+
+
+# States whose last reduction of a backward that was not the last one is still in flight.
+_UNFINISHED: weakref.WeakSet[ShardingState] = weakref.WeakSet()
+_optimizer_hook: RemovableHandle | None = None
+
+
+def _finish_before_optimizer_steps(state: ShardingState) -> None:
+    """Have every optimizer's next ``step()`` finish ``state``'s reductions first."""
+    global _optimizer_hook
+    _UNFINISHED.add(state)
+    if _optimizer_hook is None:
+        _optimizer_hook = register_optimizer_step_pre_hook(_finish_unfinished)
+
+
+def _finish_unfinished(optimizer, args, kwargs) -> None:
+    for state in list(_UNFINISHED):
+        state.finish_reductions()
+    _UNFINISHED.clear()
