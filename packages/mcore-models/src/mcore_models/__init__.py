@@ -14,6 +14,7 @@ from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmo
 from mcore_models.transformer.block import TransformerBlock
 from mcore_models.transformer.core_attention import DotProductAttention
 from mcore_models.transformer.inference_context import InferenceContext
+from mcore_models.transformer.inference_model import InferenceModel, KVCacheSpec, missing_inference_members
 from mcore_models.transformer.layer import TransformerLayer, TransformerLayerSubmodules
 from mcore_models.transformer.mlp import MLP, MLPSubmodules
 from mcore_models.transformer.packed_seq import PackedSeqParams
@@ -32,6 +33,8 @@ __all__ = [
     "GPTModel",
     "HFMapping",
     "InferenceContext",
+    "InferenceModel",
+    "KVCacheSpec",
     "LanguageModelEmbedding",
     "MLPSubmodules",
     "ModuleSpec",
@@ -52,4 +55,5 @@ __all__ = [
     "get_gpt_layer_te_spec",
     "hf_to_transformer_config",
     "import_hf_checkpoint",
+    "missing_inference_members",
 ]
