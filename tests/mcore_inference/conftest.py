@@ -113,12 +113,10 @@ def prompts_factory():
 
 def build_engine(model, blocks=64, block_size=4, **kwargs):
     """An engine whose cache holds exactly ``blocks`` blocks (fp32 cache of this rank's heads)."""
-    import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine
 
-    config = model.config
-    kv_heads = config.num_query_groups // dist.get_world_size(model.tp_group)
-    per_block = 2 * len(model.decoder.layers) * block_size * kv_heads * config.kv_channels * 4
+    spec = model.kv_cache_spec
+    per_block = 2 * len(spec.layer_numbers) * block_size * spec.num_kv_heads * spec.head_dim * 4
     return DynamicInferenceEngine(model, kv_cache_memory=blocks * per_block, block_size=block_size, **kwargs)
 
 
@@ -140,7 +138,7 @@ def split_model_builder():
 
 
 class FlakyModel:
-    """Wraps a model; its forward raises for the first ``failures`` calls."""
+    """Wraps a model; its ``inference_forward`` raises for the first ``failures`` calls."""
 
     def __init__(self, model, failures):
         self.model, self.failures = model, failures
@@ -148,14 +146,11 @@ class FlakyModel:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def eval(self):
-        return self
-
-    def __call__(self, *args, **kwargs):
+    def inference_forward(self, *args, **kwargs):
         if self.failures:
             self.failures -= 1
             raise RuntimeError("device hiccup")
-        return self.model(*args, **kwargs)
+        return self.model.inference_forward(*args, **kwargs)
 
 
 @pytest.fixture

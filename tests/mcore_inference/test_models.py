@@ -22,6 +22,7 @@ def test_tensor_parallel_two_ranks_matches_oracle(
         seeded = SamplingParams(temperature=1.0, seed=dist.get_rank(), num_tokens_to_generate=6)
         requests = engine.generate([*prompts, prompts[0]], [GREEDY] * 5 + [seeded])
         assert all(r.status is RequestStatus.COMPLETED for r in requests)
+        assert model.parallel_output  # full-vocabulary logits without switching the model's output
         return [r.generated_tokens for r in requests[:5]] == expected, requests[5].generated_tokens
 
     (same0, sampled0), (same1, sampled1) = run_distributed(body, 2, timeout=120)

@@ -16,6 +16,7 @@ from .errors import MaxSequenceLengthOverflowError, RequestOverflowError, TokenO
 from .pipeline import block_count_group, model_groups
 
 if TYPE_CHECKING:
+    from mcore_models import InferenceModel
     from mcore_parallel import ProcessGroupCollection
 
     from .request import Request
@@ -151,26 +152,22 @@ class DynamicInferenceContext:
 
     @classmethod
     def from_model(
-        cls, model: torch.nn.Module, *, pg_collection: ProcessGroupCollection | None = None, **kwargs
+        cls, model: InferenceModel, *, pg_collection: ProcessGroupCollection | None = None, **kwargs
     ) -> DynamicInferenceContext:
-        """A context shaped for ``model`` (an ``mcore_models.GPTModel``, this rank's stage and heads).
+        """A context shaped for ``model`` (an ``mcore_models.InferenceModel``: this rank's stage
+        and heads, from its ``kv_cache_spec``, and its ``max_sequence_length``).
 
         The block count is agreed over the model-parallel ranks (tensor x pipeline) of the groups
         ``model`` was built with: ``pg_collection``, else the global ones if ``model`` uses them."""
-        config = model.config
-        tp_size = dist.get_world_size(model.tp_group)
-        layers = model.decoder.layers
-        parameter = next(model.parameters())
+        spec = model.kv_cache_spec
         defaults = {
-            "num_layers": len(layers),
-            "first_layer_number": layers[0].layer_number,
-            "num_kv_heads": config.num_query_groups // tp_size,
-            "head_dim": config.kv_channels,
-            "dtype": parameter.dtype,
-            "device": parameter.device,
-            "max_sequence_length": config.max_position_embeddings
-            if config.position_embedding_type == "learned_absolute"
-            else None,
+            "num_layers": len(spec.layer_numbers),
+            "first_layer_number": spec.layer_numbers.start,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "dtype": spec.dtype,
+            "device": spec.device,
+            "max_sequence_length": model.max_sequence_length,
             "block_count_group": block_count_group(model, model_groups(model, pg_collection)),
         }
         return cls(**(defaults | kwargs))
