@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 
 from .attention import paged_attention
 from .block_allocator import BlockAllocator
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .request import Request
 
 
+@internal_api
 @dataclass
 class ScheduledChunk:
     """Tokens ``start .. start + length - 1`` of ``request.tokens`` computed in this step, and
@@ -45,6 +47,7 @@ class _AttentionGroup:
     query_positions: torch.Tensor  # [B, Q]
 
 
+@internal_api
 class DecodeView(NamedTuple):
     """The tensors of one padded decode shape: ``rows`` requests, ``width`` key slots each."""
 
@@ -56,6 +59,7 @@ class DecodeView(NamedTuple):
     logits_indices: torch.Tensor  # [rows]: 0 .. rows - 1
 
 
+@internal_api
 class DecodeBuffers:
     """Device tensors at fixed addresses that padded decode steps of up to ``max_rows`` requests
     and ``max_width`` key slots read: a CUDA graph captured over a ``view`` replays on whatever
@@ -185,6 +189,7 @@ class DynamicInferenceContext:
 
     @property
     def num_blocks(self) -> int:
+        """Cache blocks, agreed over ``block_count_group``."""
         return self.allocator.num_blocks
 
     @property
@@ -194,6 +199,7 @@ class DynamicInferenceContext:
 
     @property
     def is_allocated(self) -> bool:
+        """Whether the cache tensors exist (``False`` after ``deallocate``)."""
         return self.kv_cache is not None
 
     @property
@@ -224,6 +230,7 @@ class DynamicInferenceContext:
         return freed
 
     def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that ``num_tokens`` tokens occupy."""
         return -(-num_tokens // self.block_size)
 
     def check_sequence_length(self, length: int) -> None:
@@ -233,6 +240,7 @@ class DynamicInferenceContext:
                 f"sequence of {length} tokens exceeds max_sequence_length {self.max_sequence_length}"
             )
 
+    @internal_api
     def prepare_step(
         self, chunks: Sequence[ScheduledChunk]
     ) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
@@ -287,6 +295,7 @@ class DynamicInferenceContext:
         as_row = {"dtype": torch.long, "device": self.device}
         return torch.tensor([ids], **as_row), torch.tensor([positions], **as_row), logits_slices
 
+    @internal_api
     def prepare_padded_decode(
         self, chunks: Sequence[ScheduledChunk], buffers: DecodeBuffers, rows: int, key_blocks: int
     ) -> list[slice]:

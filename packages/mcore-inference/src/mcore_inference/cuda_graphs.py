@@ -6,12 +6,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 import torch
+from mcore_api import internal_api
 from mcore_models import InferenceModel
 
 from .buckets import InferenceBatchDimensions, match_bucket
 from .context import DecodeBuffers, DynamicInferenceContext, ScheduledChunk
 
 
+@internal_api
 class DecodeGraphRunner:
     """Runs decode-only steps (every chunk one token) of ``model`` padded to a static shape.
 

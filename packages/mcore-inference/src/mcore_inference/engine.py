@@ -221,6 +221,7 @@ class DynamicInferenceEngine:
         self.context.check_sequence_length(params.max_total_length(len(prompt)))
 
     def has_unfinished_requests(self) -> bool:
+        """Whether a request is queued, waiting or active."""
         return bool(self._incoming) or self.scheduler.has_work()
 
     # ----------------------------------------------------------------- stepping
@@ -474,6 +475,7 @@ class DynamicInferenceEngine:
 
     @property
     def suspended(self) -> bool:
+        """Whether ``suspend`` freed the cache and ``resume`` was not called since."""
         return self._suspended
 
     def shutdown(self) -> None:
