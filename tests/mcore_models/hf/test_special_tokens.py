@@ -73,6 +73,15 @@ def test_special_tokens_round_trip(family, eos, groups, tmp_path):
     assert _model_ids(import_hf_checkpoint(tmp_path / "exported", pg_collection=groups)) == expected
 
 
+def test_exported_llama_reloads_in_transformers_with_its_ids(groups, tmp_path):
+    _save_hf("llama", tmp_path / "hf", bos_token_id=5, eos_token_id=7, pad_token_id=9)
+    export_hf_checkpoint(import_hf_checkpoint(tmp_path / "hf", pg_collection=groups), tmp_path / "exported")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    assert isinstance(reloaded, transformers.LlamaForCausalLM)
+    for config in (reloaded.config, reloaded.generation_config):
+        assert tuple(getattr(config, key) for key in KEYS) == (5, 7, 9)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_ids_missing_from_config_are_the_family_defaults(family, groups, tmp_path):
     _save_hf(family, tmp_path)
