@@ -111,6 +111,19 @@ def prompts_factory():
     return random_prompts
 
 
+@pytest.fixture
+def hf_tiny_config():
+    """Keyword arguments of a tiny Hugging Face Llama-family config (GQA 4/2, two layers)."""
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
 def build_engine(model, blocks=64, block_size=4, **kwargs):
     """An engine whose cache holds exactly ``blocks`` blocks (fp32 cache of this rank's heads)."""
     from mcore_inference import DynamicInferenceEngine
@@ -156,3 +169,26 @@ class FlakyModel:
 @pytest.fixture
 def flaky_model():
     return FlakyModel
+
+
+class RecordingModel:
+    """Forwards reads to ``model`` and records their names in ``read``; refuses every write."""
+
+    def __init__(self, model):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._model, name)
+
+    def __setattr__(self, name, value):
+        raise AssertionError(f"the engine set model.{name}")
+
+    def __delattr__(self, name):
+        raise AssertionError(f"the engine deleted model.{name}")
+
+
+@pytest.fixture
+def recording_model():
+    return RecordingModel

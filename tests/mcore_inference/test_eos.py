@@ -84,18 +84,13 @@ def test_eos_ids_outside_the_vocabulary_are_refused(make_model, make_engine, sou
     assert make_engine(model, eos_token_id=[]).eos_token_ids == ()
 
 
-def test_an_imported_checkpoints_eos_stops_where_hf_generate_does(groups, tmp_path, make_engine):
+def test_an_imported_checkpoints_eos_stops_where_hf_generate_does(
+    groups, tmp_path, make_engine, hf_tiny_config
+):
     transformers = pytest.importorskip("transformers")
     from mcore_models import import_hf_checkpoint
 
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    config = transformers.LlamaConfig(**hf_tiny_config)
     torch.manual_seed(0)
     hf_model = transformers.LlamaForCausalLM(config).eval()
     prompt = torch.tensor([[5, 17, 3, 99, 42, 8]])

@@ -1,13 +1,12 @@
 """mcore_inference uses nothing of a model but the members of ``mcore_models.InferenceModel`` and
 writes nothing to it: statically (every use of the model in the package's source) and at run time
-(a model that records what is read of it and refuses writes, on one rank and on pipeline stages)."""
+on pipeline stages (a proxy that records what is read of the model and refuses writes)."""
 
 import ast
 from pathlib import Path
 
 import mcore_inference
-import pytest
-from mcore_inference import RequestStatus, SamplingParams
+from mcore_inference import SamplingParams
 from mcore_models import missing_inference_members
 
 MEMBERS = frozenset(missing_inference_members(object()))
@@ -100,50 +99,14 @@ def test_the_static_check_catches_what_it_should(tmp_path):
     ]
 
 
-class Recording:
-    """Forwards reads to ``model`` and records their names; refuses every write."""
-
-    def __init__(self, model):
-        object.__setattr__(self, "_model", model)
-        object.__setattr__(self, "read", set())
-
-    def __getattr__(self, name):
-        self.read.add(name)
-        return getattr(self._model, name)
-
-    def __setattr__(self, name, value):
-        raise AssertionError(f"the engine set model.{name}")
-
-    def __delattr__(self, name):
-        raise AssertionError(f"the engine deleted model.{name}")
-
-
-@pytest.mark.filterwarnings("ignore:cuda_graphs needs a CUDA model")
-@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "padded-decode"])
-def test_at_run_time_the_engine_reads_only_protocol_members(
-    make_model, make_engine, oracle, prompts_factory, cuda_graphs
-):
-    model = make_model()
-    recording = Recording(model)
-    engine = make_engine(recording, blocks=12, max_tokens=8, cuda_graphs=cuda_graphs)  # preemption
-    prompts = prompts_factory(4, 2, 14, seed=62)
-    requests = [engine.add_request(p, GREEDY) for p in prompts]
-    engine.step()
-    engine.suspend()
-    engine.resume()
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert all(r.status is RequestStatus.COMPLETED for r in requests)
-    assert [r.generated_tokens for r in requests] == [oracle(model, p, 5) for p in prompts]
-    assert "inference_forward" in recording.read and recording.read <= MEMBERS
-
-
 def test_pipeline_stages_read_only_protocol_members(
-    run_distributed, split_model_builder, make_engine, oracle
+    run_distributed, split_model_builder, make_engine, oracle, recording_model
 ):
+    """On one rank, ``test_model_protocol``'s unchanged-model test runs the engine on a proxy."""
+
     def body():
         stage, whole = split_model_builder(pp=2)
-        recording = Recording(stage)
+        recording = recording_model(stage)
         (request,) = make_engine(recording).generate([[3, 1, 4, 1, 5]], GREEDY)
         assert request.generated_tokens == oracle(whole, [3, 1, 4, 1, 5], 5)
         return sorted(recording.read - MEMBERS), "inference_forward" in recording.read

@@ -156,11 +156,15 @@ def _assert_same(before, after):
 
 @pytest.mark.filterwarnings("ignore:cuda_graphs needs a CUDA model")
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "padded-decode"])
-def test_the_engine_leaves_the_callers_model_unchanged(make_model, make_engine, prompts_factory, cuda_graphs):
+def test_the_engine_leaves_the_callers_model_unchanged(
+    make_model, make_engine, prompts_factory, recording_model, cuda_graphs
+):
+    """... and reads nothing of it but protocol members (through a proxy that refuses writes)."""
     model = make_model()
     assert model.parallel_output and not model.training
     before = _snapshot(model)
-    engine = make_engine(model, blocks=12, max_tokens=8, cuda_graphs=cuda_graphs)  # preemption
+    recording = recording_model(model)
+    engine = make_engine(recording, blocks=12, max_tokens=8, cuda_graphs=cuda_graphs)  # preemption
     _assert_same(before, _snapshot(model))
     prompts = prompts_factory(4, 2, 14, seed=61)
     requests = [engine.add_request(p, SamplingParams(temperature=0.8, seed=1)) for p in prompts]
@@ -171,6 +175,7 @@ def test_the_engine_leaves_the_callers_model_unchanged(make_model, make_engine, 
         engine.step()
     assert all(r.status is RequestStatus.COMPLETED for r in requests)
     _assert_same(before, _snapshot(model))
+    assert "inference_forward" in recording.read and recording.read <= set(MEMBERS)
 
 
 def test_inference_forward_checks_hidden_states_against_its_stage(groups, model_builder, make_engine):

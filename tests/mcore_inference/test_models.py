@@ -31,17 +31,12 @@ def test_tensor_parallel_two_ranks_matches_oracle(
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, prompts_factory):
+def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, prompts_factory, hf_tiny_config):
     transformers = pytest.importorskip("transformers")
     from mcore_models import import_hf_checkpoint
 
     common = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hf_tiny_config,
         max_position_embeddings=256,
         # No end-of-sequence id: generate's min_new_tokens would forbid it where ignore_eos only
         # keeps going, so the two differ whenever the argmax is that id.
