@@ -1,8 +1,17 @@
-"""Suite-wide pytest wiring: the distributed harness fixture and GPU skipping.
+"""Suite-wide pytest wiring: the distributed harness fixture, GPU skipping, and CPU tests kept
+off the GPU.
 
 Nothing here imports torch or an mcore package at import time: the same conftest serves
 ``mcore-api``'s tests in an environment that has neither.
+
+On a machine with a GPU the ``gpu`` tests run first and the GPU is hidden
+(``CUDA_VISIBLE_DEVICES=""``) before the first other test: the rest of the suite is the CPU/gloo
+suite and runs as it does on a machine without a GPU. Ranks are forked, and a fork cannot use
+CUDA, nor run autograd, once the test process has started autograd's GPU threads (its first
+backward on a machine where CUDA is visible), so the order matters.
 """
+
+import os
 
 import pytest
 from mcore_testing.distributed import run_distributed as _run_distributed
@@ -23,10 +32,19 @@ def pytest_collection_modifyitems(config, items):
         if "run_distributed" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.distributed)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu_items and not _cuda_available():
+    if not gpu_items:
+        return
+    if not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU; none is available on this machine")
         for item in gpu_items:
             item.add_marker(skip)
+        return
+    items[:] = gpu_items + [item for item in items if not item.get_closest_marker("gpu")]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def _cuda_available() -> bool:

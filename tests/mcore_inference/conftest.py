@@ -75,7 +75,8 @@ def greedy_oracle(model, prompt, num_tokens):
     parallel_output, model.parallel_output = model.parallel_output, False
     with torch.no_grad():
         for _ in range(num_tokens):
-            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+            input_ids = torch.tensor([tokens], device=next(model.parameters()).device)
+            tokens.append(int(model(input_ids)[0, -1].argmax()))
     model.parallel_output = parallel_output
     return tokens[len(prompt) :]
 

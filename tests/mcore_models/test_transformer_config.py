@@ -34,6 +34,12 @@ def test_derived_defaults():
             "num_query_groups, tensor_model_parallel_size",
             "divisible",
         ),
+        ({"context_parallel_size": 2}, "context_parallel_size", "not implemented yet"),
+        (
+            {"expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2},
+            "expert_model_parallel_size, expert_tensor_parallel_size",
+            "not implemented yet",
+        ),
     ],
 )
 def test_invalid_values_name_the_field_and_the_allowed_values(overrides, fields, allowed):

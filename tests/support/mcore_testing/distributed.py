@@ -35,6 +35,10 @@ _GRACE_AFTER_FAILURE_S = 2.0
 # processes making and dropping loopback connections (a port just freed by one is reused by
 # another). That is the transport, not the code under test: such a run is repeated once.
 _GLOO_CONNECT_FAILURE = "Gloo connectFullMesh failed"
+# Ranks are forked, and a process forked after CUDA's runtime was initialized cannot use CUDA.
+# ``torch.cuda.is_available()`` initializes it (and so poisons every later fork) unless it is told
+# to ask NVML instead: this makes every availability check in the forking process fork-safe.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 
 class DistributedTestError(AssertionError):
@@ -68,7 +72,7 @@ def run_distributed(
     import torch
 
     _import_lazy_torch_modules_once()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         raise RuntimeError(
             "run_distributed forks its ranks, and CUDA is already initialized in the test process; "
             "touch CUDA only inside the body"

@@ -45,6 +45,9 @@ def test_clean_imports_pass(app, lib, api_compat):
             mcore_lib.sub.sub_fn()
             mcore_lib.Public.anything_below_a_class
             sub_module.sub_fn()
+            sub.sub_fn()
+            Public.anything_below_a_class
+            public_fn.__name__
             return mcore_lib.public_fn().attribute
     """
     result = app(source)
@@ -92,6 +95,14 @@ def test_undeclared_dependency(app):
             "import mcore_lib\nmcore_lib.sub.other_fn",
             "non-public-name: mcore_lib.sub.other_fn is not a public name",
         ),
+        (
+            "from mcore_lib import sub\nsub.other_fn()",
+            "non-public-name: mcore_lib.sub.other_fn is not a public name",
+        ),
+        (
+            "from mcore_lib import sub as s\ns._private()",
+            "non-public-name: mcore_lib.sub._private is not a public name",
+        ),
     ],
 )
 def test_non_public_name(app, source, expected):
@@ -135,6 +146,38 @@ def test_name_public_in_the_working_tree_only(app, lib):
     result = app("from mcore_lib import new_fn")
     assert result.code == 1
     assert "missing-from-baseline: mcore_lib.new_fn is public in the working tree" in result.out
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from mcore_lib import sub\nsub.new_fn()",
+        "from mcore_lib import sub as s\ns.new_fn()",
+        "from mcore_lib.sub import inner\ninner.new_fn()",
+    ],
+)
+def test_attribute_of_a_from_imported_module_absent_from_the_baseline(app, lib, api_compat, source):
+    lib.source_path("mcore-lib", "sub.py").unlink()
+    lib.write("mcore-lib", "sub/__init__.py", LIB_FILES["sub.py"])
+    lib.write("mcore-lib", "sub/inner.py", '__all__ = ["inner_fn"]\ndef inner_fn(): ...')
+    lib.write_pyproject("mcore-lib", "0.1.0", public_modules=("mcore_lib.sub", "mcore_lib.sub.inner"))
+    assert api_compat("snapshot", "--package", "mcore-lib").code == 0
+    lib.write(
+        "mcore-lib", "sub/__init__.py", '__all__ = ["sub_fn", "new_fn"]\ndef sub_fn(): ...\ndef new_fn(): ...'
+    )
+    lib.write(
+        "mcore-lib",
+        "sub/inner.py",
+        '__all__ = ["inner_fn", "new_fn"]\ndef inner_fn(): ...\ndef new_fn(): ...',
+    )
+
+    result = app(source)
+    assert result.code == 1
+    module = "mcore_lib.sub.inner" if "inner" in source else "mcore_lib.sub"
+    assert result.out.startswith(
+        f"mcore-app: {APP_FILE}:2: missing-from-baseline: {module}.new_fn is public in the working tree but not "
+        "in the baseline 0.1.0 of mcore-lib"
+    )
 
 
 def test_specifier_matching_no_recorded_baseline(app):

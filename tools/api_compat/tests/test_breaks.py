@@ -1,5 +1,7 @@
 """Each breaking change is detected, and compatible changes pass."""
 
+import json
+
 import pytest
 
 BREAKING = {
@@ -171,3 +173,110 @@ COMPATIBLE = {
 def test_compatible_change_passes(compare, old, new):
     result = compare(f'__all__ = ["f"]\n{old}', f'__all__ = ["f"]\n{new}')
     assert (result.code, result.out) == (0, "")
+
+
+CONFIG = """
+import dataclasses
+__all__ = ["Config"]
+def config_field(default=dataclasses.MISSING, *, help, default_factory=dataclasses.MISSING):
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help})
+@dataclasses.dataclass
+class Config:
+    x: int = FIELD
+"""
+
+FIELD_CHANGES = {
+    "help reworded": ('config_field(3, help="Old.")', 'config_field(3, help="New words.")', None),
+    "default spelled as keyword": ('config_field(3, help="a")', 'config_field(default=3, help="a")', None),
+    "required field gets a default": ('config_field(help="a")', 'config_field(3, help="a")', None),
+    "default changed": (
+        'config_field(3, help="a")',
+        'config_field(4, help="a")',
+        "parameter-changed-default: default of 'x' changed from 3 to 4",
+    ),
+    "default factory changed": (
+        'config_field(default_factory=list, help="a")',
+        'config_field(default_factory=tuple, help="a")',
+        "parameter-changed-default: default of 'x' changed from list() to tuple()",
+    ),
+    "default dropped": (
+        'config_field(3, help="a")',
+        'config_field(help="a")',
+        "parameter-changed-required: parameter 'x' became required (its default was 3)",
+    ),
+}
+
+
+@pytest.mark.parametrize("old, new, expected", FIELD_CHANGES.values(), ids=FIELD_CHANGES.keys())
+def test_field_specifier_defaults_are_compared_by_value(compare, old, new, expected):
+    result = compare(CONFIG.replace("FIELD", old), CONFIG.replace("FIELD", new))
+    assert result.out == (f"mcore-x: mcore_x.Config.__init__: {expected}\n" if expected else "")
+
+
+def test_field_specifier_of_a_sibling_package(workspace, api_compat):
+    specifier, config = CONFIG.split("@dataclasses.dataclass")
+    workspace.add_package("mcore-lib", {"__init__.py": specifier.replace('["Config"]', '["config_field"]')})
+    header = (
+        'import dataclasses\nfrom mcore_lib import config_field\n__all__ = ["Config"]\n@dataclasses.dataclass'
+    )
+    workspace.add_package(
+        "mcore-x",
+        {"__init__.py": header + config.replace("FIELD", 'config_field(3, help="a")')},
+        dependencies=("mcore-lib>=0.1",),
+    )
+    assert api_compat("snapshot", "--package", "mcore-x").code == 0
+    workspace.write("mcore-x", "__init__.py", header + config.replace("FIELD", 'config_field(3, help="b")'))
+    assert api_compat("check", "--package", "mcore-x").code == 0
+    workspace.write("mcore-x", "__init__.py", header + config.replace("FIELD", 'config_field(5, help="b")'))
+    assert api_compat("check", "--package", "mcore-x").out == (
+        "mcore-x: mcore_x.Config.__init__: parameter-changed-default: default of 'x' changed from 3 to 5\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "new_init, new_sub, expected",
+    [
+        (
+            'from mcore_x import shard\n__all__ = ["shard"]',
+            '__all__ = ["shard"]\ndef shard(module, mesh): ...',
+            "object-changed-kind: changed from function to module",
+        ),
+        (
+            'from mcore_x.shard import shard\n__all__ = ["shard"]',
+            '__all__ = ["shard"]\ndef shard(module): ...',
+            "parameter-removed: parameter 'mesh' was removed",
+        ),
+    ],
+    ids=["export became the module", "signature changed"],
+)
+def test_export_shadowing_its_submodule_is_the_imported_function(
+    workspace, api_compat, new_init, new_sub, expected
+):
+    workspace.add_package(
+        "mcore-x",
+        {
+            "__init__.py": 'from mcore_x.shard import shard\n__all__ = ["shard"]',
+            "shard.py": '__all__ = ["shard"]\ndef shard(module, mesh): ...',
+        },
+    )
+    assert api_compat("snapshot", "--package", "mcore-x").code == 0
+    workspace.write("mcore-x", "__init__.py", new_init)
+    workspace.write("mcore-x", "shard.py", new_sub)
+    assert api_compat("check", "--package", "mcore-x").out == f"mcore-x: mcore_x.shard: {expected}\n"
+
+
+def test_what_a_class_inherits_from_a_required_sibling_is_recorded(workspace, api_compat):
+    base = "import dataclasses\n@dataclasses.dataclass\nclass Base:\n    a: int = 1\n    def m(self, x): ..."
+    workspace.add_package("mcore-lib", {"__init__.py": f'__all__ = ["Base"]\n{base}'})
+    config = "import dataclasses\nfrom mcore_lib import Base\n@dataclasses.dataclass\nclass Config(Base):\n    b: int = 2"
+    workspace.add_package(
+        "mcore-x", {"__init__.py": f'__all__ = ["Config"]\n{config}'}, dependencies=("mcore-lib>=0.1",)
+    )
+    assert api_compat("snapshot", "--package", "mcore-x").code == 0
+    recorded = json.loads(workspace.baseline("mcore-x", "0.1.0").read_text())["api"]["members"]["Config"]
+    assert [parameter["name"] for parameter in recorded["members"]["__init__"]["parameters"]] == [
+        "self",
+        "a",
+        "b",
+    ]
+    assert recorded["members"]["m"]["kind"] == "function"

@@ -115,6 +115,22 @@ def test_snapshot_refuses_a_breaking_resnapshot(recorded, api_compat):
     assert recorded.baseline("mcore-x", "0.1.0").read_text() == before
 
 
+def test_snapshot_refuses_a_break_marked_in_the_working_tree_only(recorded, api_compat):
+    recorded.write(
+        "mcore-x",
+        "__init__.py",
+        'from mcore_api import internal_api\n__all__ = ["f"]\n@internal_api\ndef f(): ...',
+    )
+    recorded.write_pyproject("mcore-x", "0.2.0")
+    result = api_compat("snapshot", "--package", "mcore-x")
+    assert result.code == 1
+    assert result.out == (
+        "mcore-x: mcore_x.f: parameter-removed: parameter 'a' was removed "
+        "(internal_api in the working tree only: it permits breaks once a baseline records it)\n"
+    )
+    assert not recorded.baseline("mcore-x", "0.2.0").exists()
+
+
 def test_snapshot_of_a_compatible_new_version(recorded, api_compat):
     recorded.write("mcore-x", "__init__.py", '__all__ = ["f", "g"]\ndef f(a, b=0): ...\ndef g(): ...')
     recorded.write_pyproject("mcore-x", "0.2.0")
@@ -141,7 +157,8 @@ def test_baseline_file_is_portable_and_reviewable(workspace, api_compat, tmp_pat
     assert "Doc" not in text
     document = json.loads(text)
     assert text == json.dumps(document, indent=2, sort_keys=True) + "\n"
-    assert (document["package"], document["version"], document["exempt"]) == ("mcore-x", "0.1.0", [])
+    assert (document["format"], document["package"], document["version"]) == (2, "mcore-x", "0.1.0")
+    assert document["markers"] == {}
     assert document["bases"] == {"C": []}
     # Static analysis only: a module already imported in this process is not inspected.
     assert document["api"]["members"]["OrderedDict"]["target_path"] == "collections.OrderedDict"

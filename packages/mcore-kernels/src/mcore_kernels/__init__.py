@@ -1,5 +1,6 @@
-"""Fused transformer kernels. Every op has a Triton kernel used on CUDA and a PyTorch
-reference that runs everywhere else and is the numerical oracle for the kernel."""
+"""Placeholder for mcore's fused transformer kernels: this release holds no kernels, only
+``__version__``. Planned: each op a Triton kernel used on CUDA and a PyTorch reference that runs
+everywhere else and is the kernel's numerical oracle."""
 
 from importlib.metadata import version as _version
 

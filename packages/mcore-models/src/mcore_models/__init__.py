@@ -1,5 +1,7 @@
-"""Transformer, MoE and Mamba/hybrid language models built on mcore-parallel and
-mcore-kernels, Hugging Face checkpoint import/export, datasets, and the training loop."""
+"""Dense GPT transformer models on mcore-parallel, Hugging Face checkpoint import/export,
+datasets and tokenizers (``mcore_models.data``), and the ``mcore-train`` training loop
+(``mcore_models.training``). MoE, Mamba/hybrid models, context parallelism and the fused kernels of
+mcore-kernels are planned, not in this release."""
 
 from importlib.metadata import version as _version
 

@@ -1,4 +1,5 @@
-"""GRPO-family reinforcement-learning post-training driven by the mcore inference engine."""
+"""Placeholder for GRPO-family reinforcement-learning post-training on the mcore inference
+engine: this release holds no code, only ``__version__``."""
 
 from importlib.metadata import version as _version
 

@@ -1,10 +1,11 @@
-"""Breaking changes between a baseline surface and the current one, minus exempt objects."""
+"""Breaking changes between a baseline surface and the current one, minus those its markers permit."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import griffe
 from griffe import BreakageKind
+from packaging.version import Version
 
 from api_compat.surface import Surface
 
@@ -32,8 +33,13 @@ class Break:
     explanation: str
 
 
-def find_breaks(old: Surface, new: Surface) -> list[Break]:
-    """Every non-exempt breaking change from ``old`` (a baseline) to ``new``, sorted."""
+def find_breaks(old: Surface, new: Surface, version: Version) -> list[Break]:
+    """Every breaking change from ``old`` (a baseline) to ``new`` (the package at ``version``), sorted.
+
+    A break is permitted, and left out, only where ``old`` records a stability marker on the
+    object or a class containing it that permits it at ``version``: a marker added in ``new``
+    alone permits nothing yet.
+    """
     old_objects, new_objects = old.objects(), new.objects()
     found = [
         (old.relative_path(breakage.obj.path), _explain(breakage, old_objects, old))
@@ -45,9 +51,13 @@ def find_breaks(old: Surface, new: Surface) -> list[Break]:
     found += _removed_bases(common, old, new)
     return sorted(
         {
-            Break(old.full_path(relative_path), kind, explanation)
+            Break(
+                old.full_path(relative_path),
+                kind,
+                explanation + _marker_note(relative_path, old, new, version),
+            )
             for relative_path, (kind, explanation) in found
-            if not (old.is_exempt(relative_path) or new.is_exempt(relative_path))
+            if not any(marker.permits_breaking(version) for marker in old.markers_on(relative_path))
         }
     )
 
@@ -55,6 +65,15 @@ def find_breaks(old: Surface, new: Surface) -> list[Break]:
 def added_objects(old: Surface, new: Surface) -> set[str]:
     """Relative paths of current objects that the baseline does not have."""
     return new.objects().keys() - old.objects().keys()
+
+
+def _marker_note(relative_path: str, old: Surface, new: Surface, version: Version) -> str:
+    """Why a stability marker on the object does not permit its break, or nothing if it has none."""
+    if released := old.markers_on(relative_path):
+        return f" ({released[0].refusal(version)})"
+    if marked := new.markers_on(relative_path):
+        return f" ({marked[0].name} in the working tree only: it permits breaks once a baseline records it)"
+    return ""
 
 
 def _explain(

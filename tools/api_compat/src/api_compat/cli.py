@@ -1,4 +1,4 @@
-"""The ``api-compat`` command line: ``check``, ``snapshot`` and ``boundaries``.
+"""The ``api-compat`` command line: ``check``, ``snapshot``, ``boundaries`` and ``migrate``.
 
 Exit status: 0 clean, 1 breaking changes or boundary violations (or a refused snapshot),
 2 error (unknown package, missing baseline, unloadable package...). Errors take precedence.
@@ -14,6 +14,7 @@ from api_compat.boundaries import BoundaryChecker
 from api_compat.breaks import Break, added_objects, find_breaks
 from api_compat.current import CurrentApi
 from api_compat.errors import ApiCompatError
+from api_compat.migrate import migrate
 from api_compat.workspace import Package, Workspace, find_root, load_workspace
 
 CLEAN, FOUND, ERROR = 0, 1, 2
@@ -65,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         "--package", action="append", default=[], metavar="DIST", help="only this package"
     )
     boundaries.set_defaults(run=_boundaries)
+    migration = commands.add_parser(
+        "migrate",
+        parents=[common],
+        help="re-derive baselines of an older format from the git commits that recorded them",
+    )
+    migration.add_argument("--package", action="append", default=[], metavar="DIST", help="only this package")
+    migration.set_defaults(run=_migrate)
     return parser
 
 
@@ -79,7 +87,7 @@ def _check(workspace: Workspace, args: argparse.Namespace) -> int:
         if package.version < latest:
             raise ApiCompatError(f"version {package.version} is lower than the latest baseline {latest}")
         old, new = baselines.surface(package.dist, latest), current.surface(package)
-        breaks = find_breaks(old, new)
+        breaks = find_breaks(old, new, package.version)
         _print_breaks(package, breaks)
         if added := added_objects(old, new):
             advice = "run snapshot" if package.version > latest else "bump the version and run snapshot"
@@ -98,7 +106,9 @@ def _snapshot(workspace: Workspace, args: argparse.Namespace) -> int:
     record = current.record(package)
     earlier = [version for version in baselines.versions(package.dist) if version <= package.version]
     if earlier:
-        breaks = find_breaks(baselines.surface(package.dist, earlier[-1]), current.surface(package))
+        breaks = find_breaks(
+            baselines.surface(package.dist, earlier[-1]), current.surface(package), package.version
+        )
         if breaks:
             _print_breaks(package, breaks)
             print(
@@ -124,6 +134,19 @@ def _boundaries(workspace: Workspace, args: argparse.Namespace) -> int:
         return FOUND if violations else CLEAN
 
     return _each(workspace, args.package, check_one)
+
+
+def _migrate(workspace: Workspace, args: argparse.Namespace) -> int:
+    baselines = Baselines(workspace.baselines_dir)
+
+    def migrate_one(package: Package) -> int:
+        for path, commit in migrate(workspace, baselines, package):
+            print(
+                f"{package.dist}: re-derived {path.relative_to(workspace.root).as_posix()} from commit {commit}"
+            )
+        return CLEAN
+
+    return _each(workspace, args.package, migrate_one)
 
 
 def _each(workspace: Workspace, names: list[str], run: Callable[[Package], int]) -> int:

@@ -11,7 +11,7 @@ class UseKind(Enum):
     IMPORT = "import"  # import mcore_x.sub [as m]
     FROM = "from"  # from mcore_x.sub import name
     STAR = "star"  # from mcore_x import *
-    ATTRIBUTE = "attribute"  # m.name, where m was bound by an ``import`` statement
+    ATTRIBUTE = "attribute"  # m.name, m bound by ``import mcore_x.sub [as m]`` or ``from mcore_x import m``
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def find_sibling_uses(source: str, filename: str, siblings: set[str]) -> list[Si
     """Uses of the packages whose import names are ``siblings`` (relative imports are skipped)."""
     tree = ast.parse(source, filename=filename)
     uses: list[SiblingUse] = []
-    bound: dict[str, str] = {}
+    bound: dict[str, _Binding] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -41,10 +41,10 @@ def find_sibling_uses(source: str, filename: str, siblings: set[str]) -> list[Si
                     continue
                 uses.append(SiblingUse(node.lineno, UseKind.IMPORT, alias.name, ()))
                 if alias.asname:
-                    bound[alias.asname] = alias.name
+                    bound[alias.asname] = _Binding(alias.name, ())
                 else:
                     top = alias.name.split(".", 1)[0]
-                    bound[top] = top
+                    bound[top] = _Binding(top, ())
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             if node.module.split(".", 1)[0] not in siblings:
                 continue
@@ -53,15 +53,29 @@ def find_sibling_uses(source: str, filename: str, siblings: set[str]) -> list[Si
                     uses.append(SiblingUse(node.lineno, UseKind.STAR, node.module, ()))
                 else:
                     uses.append(SiblingUse(node.lineno, UseKind.FROM, node.module, (alias.name,)))
+                    bound[alias.asname or alias.name] = _Binding(node.module, (alias.name,))
     if bound:
         uses += _AttributeFinder(bound).find(tree)
     return uses
 
 
-class _AttributeFinder(ast.NodeVisitor):
-    """Collects ``name.a.b`` chains rooted at names bound to sibling modules."""
+@dataclass(frozen=True)
+class _Binding:
+    """What an imported name stands for: ``names`` below the dotted ``module`` (none for ``import``)."""
 
-    def __init__(self, bound: dict[str, str]):
+    module: str
+    names: tuple[str, ...]
+
+
+class _AttributeFinder(ast.NodeVisitor):
+    """Collects ``name.a.b`` chains rooted at names bound by imports of siblings.
+
+    A name bound by ``from mcore_x import sub`` gives the path ``sub.a.b`` below ``mcore_x``;
+    the check follows it only while it names modules, so attributes of an imported class or
+    function are left alone.
+    """
+
+    def __init__(self, bound: dict[str, _Binding]):
         self._bound = bound
         self._uses: list[SiblingUse] = []
 
@@ -76,7 +90,8 @@ class _AttributeFinder(ast.NodeVisitor):
             chain.append(current.attr)
             current = current.value
         if isinstance(current, ast.Name) and current.id in self._bound:
-            module = self._bound[current.id]
-            self._uses.append(SiblingUse(node.lineno, UseKind.ATTRIBUTE, module, tuple(reversed(chain))))
+            binding = self._bound[current.id]
+            names = (*binding.names, *reversed(chain))
+            self._uses.append(SiblingUse(node.lineno, UseKind.ATTRIBUTE, binding.module, names))
         else:
             self.generic_visit(node)

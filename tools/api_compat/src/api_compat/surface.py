@@ -6,19 +6,21 @@ from typing import Any
 
 import griffe
 
+from api_compat.markers import Marker
+
 
 @dataclass(frozen=True)
 class ApiRecord:
     """The public API in plain, machine-independent JSON data, as a baseline file stores it.
 
     ``api`` is a scrubbed griffe tree rooted at a synthetic module named after the package.
-    ``exempt`` and ``bases`` carry what that tree loses once decoded: which objects carry a
-    stability marker, and the canonical paths of each class's bases. Both are keyed by paths
-    relative to the root (``"Linear.forward"``).
+    ``markers`` and ``bases`` carry what that tree loses once decoded: the stability markers of
+    each marked object, with their arguments, and the canonical paths of each class's bases.
+    Both are keyed by paths relative to the root (``"Linear.forward"``).
     """
 
     api: dict[str, Any]
-    exempt: tuple[str, ...]
+    markers: dict[str, tuple[Marker, ...]]
     bases: dict[str, tuple[str, ...]]
 
 
@@ -27,7 +29,7 @@ class Surface:
     """The public API as a griffe tree that ``griffe.find_breaking_changes`` can compare."""
 
     root: griffe.Module
-    exempt: frozenset[str]
+    markers: dict[str, tuple[Marker, ...]]
     bases: dict[str, tuple[str, ...]]
 
     @classmethod
@@ -39,7 +41,7 @@ class Surface:
         """
         root = json.loads(json.dumps(record.api), object_hook=griffe.json_decoder)
         griffe.ModulesCollection().set_member(root.name, root)
-        return cls(root=root, exempt=frozenset(record.exempt), bases=dict(record.bases))
+        return cls(root=root, markers=dict(record.markers), bases=dict(record.bases))
 
     def relative_path(self, path: str) -> str:
         """``"mcore_x.Linear.forward"`` → ``"Linear.forward"``."""
@@ -49,10 +51,14 @@ class Surface:
         """``"Linear.forward"`` → ``"mcore_x.Linear.forward"``."""
         return f"{self.root.name}.{relative_path}"
 
-    def is_exempt(self, relative_path: str) -> bool:
-        """Whether the object, or one that contains it, carries a stability marker."""
+    def markers_on(self, relative_path: str) -> list[Marker]:
+        """The stability markers of the object and of the classes that contain it."""
         parts = relative_path.split(".")
-        return any(".".join(parts[:end]) in self.exempt for end in range(1, len(parts) + 1))
+        return [
+            marker
+            for end in range(1, len(parts) + 1)
+            for marker in self.markers.get(".".join(parts[:end]), ())
+        ]
 
     def objects(self) -> dict[str, griffe.Object | griffe.Alias]:
         """Every object of the surface, keyed by relative path (modules and classes are walked)."""

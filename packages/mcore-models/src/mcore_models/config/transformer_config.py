@@ -136,6 +136,7 @@ class TransformerConfig(ModelParallelConfig):
         if isinstance(self.window_attn_skip_freq, int):
             self.window_attn_skip_freq = [self.window_attn_skip_freq]
         super().__post_init__()
+        self._check_parallelism_exists()
         if self.num_query_groups is None:
             self.num_query_groups = self.num_attention_heads
         if self.ffn_hidden_size is None:
@@ -165,6 +166,23 @@ class TransformerConfig(ModelParallelConfig):
             raise ConfigError(
                 ["activation_clamp_value", "activation"],
                 f"clamping applies to gated activations {list(GATED_ACTIVATIONS)}, got {self.activation!r}",
+            )
+
+    def _check_parallelism_exists(self) -> None:
+        """Context parallelism and expert (MoE) layers are planned, not built: refuse their sizes."""
+        unsupported = [
+            name
+            for name, value in (
+                ("context_parallel_size", self.context_parallel_size),
+                ("expert_model_parallel_size", self.expert_model_parallel_size),
+                ("expert_tensor_parallel_size", self.expert_tensor_parallel_size),
+            )
+            if value not in (None, 1)
+        ]
+        if unsupported:
+            raise ConfigError(
+                unsupported,
+                "context parallelism and expert (MoE) layers are not implemented yet; these sizes must be 1",
             )
 
     def _check_window(self) -> None:

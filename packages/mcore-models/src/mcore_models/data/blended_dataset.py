@@ -9,8 +9,10 @@ pure function of the weights and the size, so it is the same everywhere without 
 from collections.abc import Sequence
 
 import numpy as np
+from mcore_api import internal_api
 
 
+@internal_api
 def blend_order(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """``(dataset_index, dataset_sample_index)``: which dataset, and which of its samples, is
     sample ``i`` of a blend of ``size`` samples with ``weights``."""

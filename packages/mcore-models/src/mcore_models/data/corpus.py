@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcore_api import internal_api
+
 TEST_FOLDERS = frozenset({"test", "tests", "idle_test"})
 SPLITS = ("train", "heldout")
 
@@ -72,6 +74,7 @@ def stdlib_documents(
         yield Document(name=name, text=text)
 
 
+@internal_api
 def corpus_fingerprint(documents: Iterator[Document]) -> str:
     """A short hex digest of the documents' names and contents, in order."""
     digest = hashlib.sha256()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from mcore_api import internal_api
 
 from mcore_models.data.cache import atomic_output
 
@@ -26,6 +27,7 @@ INDEX_FORMAT = 1
 _NAMES = ("document_index", "sample_index", "shuffle_index")
 
 
+@internal_api
 @dataclass(frozen=True)
 class GPTIndices:
     """``document_index`` (int64[epochs * documents]), ``sample_index`` (int64[num_samples, 2])
@@ -70,6 +72,7 @@ def build_sample_index(
     return np.stack([positions, offsets], axis=1)
 
 
+@internal_api
 def build_gpt_indices(lengths: np.ndarray, seq_length: int, num_samples: int, seed: int) -> GPTIndices:
     """The three indices for documents of ``lengths`` tokens."""
     if seq_length < 1 or num_samples < 1:

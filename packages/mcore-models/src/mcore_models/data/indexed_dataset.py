@@ -23,6 +23,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from mcore_api import internal_api
 
 MAGIC = b"MCOREIDX"
 VERSION = 1
@@ -36,6 +37,7 @@ class IndexedDatasetFormatError(ValueError):
     """A file is not a readable indexed dataset (wrong magic, version, dtype or size)."""
 
 
+@internal_api
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest dtype that holds ids ``0 .. vocab_size - 1``."""
     if vocab_size < 1:

@@ -18,11 +18,17 @@ from mcore_models.data.cache import atomic_output, default_cache_dir
 from mcore_models.data.corpus import corpus_fingerprint, stdlib_documents
 
 EOD_TOKEN = "<|endoftext|>"
+"""End of document (id 0 in a tokenizer trained here)."""
 PAD_TOKEN = "<pad>"
+"""Padding, masked out of the loss (id 1)."""
 FIM_PREFIX_TOKEN = "<fim_prefix>"
+"""Fill-in-the-middle: starts the prefix (id 2)."""
 FIM_MIDDLE_TOKEN = "<fim_middle>"
+"""Fill-in-the-middle: starts the middle, the part to generate (id 3)."""
 FIM_SUFFIX_TOKEN = "<fim_suffix>"
+"""Fill-in-the-middle: starts the suffix (id 4)."""
 FIM_PAD_TOKEN = "<fim_pad>"
+"""Fill-in-the-middle: the FIM pad token of the usual FIM vocabularies; reserved, unused here (id 5)."""
 #: The special tokens of a tokenizer trained here, in id order (0..5).
 SPECIAL_TOKENS = (EOD_TOKEN, PAD_TOKEN, FIM_PREFIX_TOKEN, FIM_MIDDLE_TOKEN, FIM_SUFFIX_TOKEN, FIM_PAD_TOKEN)
 #: Names tried, in order, for the end-of-document token of a loaded ``tokenizer.json``.

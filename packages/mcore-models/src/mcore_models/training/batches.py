@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mcore_api import internal_api
 
 from ..data.default_pipeline import build_default_pipeline
 from ..data.fim_dataset import FIMConfig, GPTFIMDataset
@@ -22,6 +23,7 @@ from ..data.unigram_baseline import unigram_cross_entropy
 from .config import DataConfig
 
 
+@internal_api
 @dataclass
 class TrainData:
     """The training and held-out ``GPTDataset``, their tokenizer and the held-out unigram baseline."""
@@ -32,6 +34,7 @@ class TrainData:
     unigram_baseline: float
 
 
+@internal_api
 def open_indexed_data(
     config: DataConfig, progress: bool = False
 ) -> tuple[IndexedDataset, IndexedDataset, Tokenizer, float]:
@@ -50,6 +53,7 @@ def open_indexed_data(
     return train, heldout, tokenizer, baseline
 
 
+@internal_api
 def open_train_data(
     config: DataConfig, seed: int, train_samples: int, heldout_samples: int, progress: bool = False
 ) -> TrainData:
@@ -88,6 +92,7 @@ def open_train_data(
     )
 
 
+@internal_api
 def iteration_micro_batches(
     dataset: GPTDataset,
     iteration: int,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api, internal_api
 from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
 from ..transformer.process_groups import resolve_process_groups
@@ -48,6 +49,7 @@ def _add_sharded(
         state[key] = sharded_tensor(tensor, tp_group, dim)
 
 
+@internal_api
 def training_state_dict(
     model: TrainModel,
     optimizer,
@@ -70,6 +72,7 @@ def training_state_dict(
     return state
 
 
+@experimental_api
 def save_training_checkpoint(
     checkpointer: DistributedCheckpointer,
     model: TrainModel,
@@ -106,6 +109,7 @@ def _cloned(state):
     return state.detach().clone() if torch.is_tensor(state) else state
 
 
+@experimental_api
 def load_training_checkpoint(
     checkpointer: DistributedCheckpointer,
     model: TrainModel,

@@ -19,6 +19,8 @@ from .config import TRAIN_CONFIG_CLASSES, TrainConfigs
 from .fsdp import check_fsdp_available
 from .launcher import default_world_size, launch_local, run_in_process_group, under_torchrun
 from .loop import pretrain, resolve_configs
+from .tensorboard_writer import check_tensorboard_available
+from .wandb_writer import check_wandb_available
 
 DESCRIPTION = (
     "Train a GPT model. With no arguments: build the embedded Python-stdlib dataset (cached), train a "
@@ -61,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = parse_train_args(argv, parser)
         if configs.training.fsdp:
             check_fsdp_available()
+        check_wandb_available(configs.logger)
+        check_tensorboard_available(configs.logger)
         if under_torchrun():
             run_in_process_group(_run_rank, configs)
             return 0

@@ -210,6 +210,7 @@ TRAIN_CONFIG_CLASSES: tuple[type, ...] = (
     LoggerConfig,
     StragglerDetectionConfig,
 )
+"""The config classes ``mcore-train`` parses, in the order of ``TrainConfigs``' fields."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 from mcore_parallel import ProcessGroupCollection
 
 from .batches import iteration_micro_batches
@@ -13,6 +14,7 @@ from .model_setup import TrainModel
 from .schedule import global_mean_loss, run_micro_batches
 
 
+@experimental_api
 def evaluate(
     model: TrainModel,
     dataset,

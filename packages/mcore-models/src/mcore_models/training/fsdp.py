@@ -23,6 +23,7 @@ from mcore_parallel import (
 from ..models.gpt.model import GPTModel
 from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
+from .extras import import_extra
 from .model_setup import TrainModel
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -34,19 +35,15 @@ def check_fsdp_available() -> None:
     Raises:
         ConfigError: naming ``fsdp`` and how to install it.
     """
-    try:
-        import mcore_fsdp  # noqa: F401
-    except ImportError as error:
-        raise ConfigError(
-            ["fsdp"], "--fsdp needs the mcore-fsdp package: pip install 'mcore-models[fsdp]'"
-        ) from error
+    import_extra("mcore_fsdp", "fsdp", "--fsdp", "mcore-fsdp", "fsdp")
 
 
 def check_fsdp_layout(configs: TrainConfigs) -> None:
-    """``--fsdp`` shards over data parallelism only.
+    """``--fsdp`` shards over data parallelism only, and reduces gradients its own way.
 
     Raises:
-        ConfigError: TP, PP or VPP above 1, the distributed optimizer, or gradient logging with ``--fsdp``.
+        ConfigError: TP, PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
+            bucket size or summed gradients, or a partial optimizer offload with ``--fsdp``.
     """
     model = configs.model
     if (
@@ -65,12 +62,32 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
         )
     if configs.training.save_grads_interval:
         raise ConfigError(["fsdp", "save_grads_interval"], "gradient logging is not supported with --fsdp")
+    ddp = configs.ddp
+    if ddp.bucket_size is not None or ddp.grad_reduce_op != "average":
+        raise ConfigError(
+            ["fsdp", "bucket_size", "grad_reduce_op"],
+            "--fsdp reduce-scatters each layer's gradients as one unit and averages them; "
+            "drop --ddp-bucket-size and --grad-reduce-op",
+        )
+    optimizer = configs.optimizer
+    if optimizer.optimizer_cpu_offload and optimizer.optimizer_offload_fraction != 1.0:
+        raise ConfigError(
+            ["fsdp", "optimizer_offload_fraction"],
+            "--fsdp offloads all of the optimizer state or none: drop --optimizer-offload-fraction",
+        )
 
 
 def build_fsdp_train_model(
-    config: TrainModelConfig, vocab_size: int, groups: ProcessGroupCollection, strategy: str, seed: int
+    config: TrainModelConfig,
+    vocab_size: int,
+    groups: ProcessGroupCollection,
+    strategy: str,
+    seed: int,
+    offload_optimizer: bool = False,
 ) -> TrainModel:
-    """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at TP = PP = 1), sharded.
+    """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at TP = PP = 1), sharded;
+    with ``offload_optimizer`` its FP32 main parameters, gradients and so the optimizer state live
+    on the CPU.
 
     ``TrainModel.ddp`` is the sharded model itself: its ``no_sync`` is what the schedule uses.
     """
@@ -83,7 +100,12 @@ def build_fsdp_train_model(
         None if dtype == torch.float32 else MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32)
     )
     fully_shard(
-        model, mesh=groups.dp, unit_classes=(TransformerLayer,), strategy=strategy, precision=precision
+        model,
+        mesh=groups.dp,
+        unit_classes=(TransformerLayer,),
+        strategy=strategy,
+        precision=precision,
+        offload_optimizer=offload_optimizer,
     )
     return TrainModel([model], torch.nn.ModuleList([model]), model)
 

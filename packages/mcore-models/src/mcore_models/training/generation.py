@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 from mcore_parallel import ProcessGroupCollection
 
 from .model_setup import TrainModel
 from .schedule import run_micro_batches
 
 
+@experimental_api
 def greedy_generate(
     model: TrainModel,
     prompt_ids: list[int],

@@ -13,11 +13,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from mcore_api import experimental_api, internal_api
 from mcore_parallel import find_free_port, get_backend
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+@internal_api
 def under_torchrun() -> bool:
     """Whether this process is one rank of an externally launched job (torchrun, SLURM wrappers...)."""
     return all(name in os.environ for name in TORCHRUN_VARIABLES)
@@ -35,6 +37,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+@internal_api
 def run_in_process_group(worker: Callable[..., Any], *args: Any) -> Any:
     """Join the process group described by the environment, run ``worker(*args)``, leave the group."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -60,6 +63,7 @@ def _rank_entry(local_rank: int, world_size: int, port: int, threads: int, worke
     run_in_process_group(worker, *args)
 
 
+@experimental_api
 def launch_local(worker: Callable[..., Any], world_size: int, *args: Any) -> None:
     """Run ``worker(*args)`` on ``world_size`` new local ranks and wait for all of them.
 

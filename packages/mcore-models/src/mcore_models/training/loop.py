@@ -3,8 +3,9 @@
 Call it on every rank of an initialized default process group (``mcore-train`` launches the
 ranks). The order of things: process groups, data, model and optimizer, the dropout seed (once;
 checkpoints carry the random-number states on), checkpoint load, the iterations (evaluation and
-saves on their intervals), then final evaluation, checkpoint, Hugging Face export, a greedy sample
-and, on rank 0, ``loss.png``, ``report.json`` and the summary.
+saves on their intervals, metrics to TensorBoard and Weights & Biases every ``log_interval``),
+then final evaluation, checkpoint, Hugging Face export, a greedy sample and, on rank 0,
+``loss.png``, ``report.json`` and the summary.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 from mcore_parallel import (
     ConfigError,
     DistributedCheckpointer,
@@ -44,23 +46,27 @@ from .fsdp import (
 )
 from .generation import greedy_generate
 from .lr_schedule import learning_rate
+from .metrics_log import MetricsLog
 from .model_setup import build_train_model
 from .optimizer import build_optimizer
 from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
 from .schedule import global_mean_loss, run_micro_batches
-from .tensorboard_writer import TensorBoardWriter
+from .tensorboard_writer import TensorBoardWriter, check_tensorboard_available
+from .wandb_writer import WandbWriter, check_wandb_available
 
 _DROPOUT_SEED_OFFSET = 7919  # dropout's streams start from seed + 7919 (the weights': seed + 100 x stage)
 
 
+@internal_api
 def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     """Fill in what depends on the machine and the world: bfloat16 on a GPU, the checkpoint
     directory under the output directory, the global batch; check the batch divides.
 
     Raises:
-        ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, or
-            the interleaved schedule's micro-batches do not divide over the stages.
+        ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
+            interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
+            other than ``torch_dist``, or a layout ``--fsdp`` cannot run.
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -90,9 +96,11 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             f"the interleaved schedule needs micro-batches per step ({global_batch // per_step}) to be a "
             f"multiple of the pipeline size ({model.pipeline_model_parallel_size})",
         )
-    if model.context_parallel_size != 1 or model.expert_model_parallel_size != 1:
+    if checkpoint.ckpt_format != "torch_dist":
         raise ConfigError(
-            ["context_parallel_size", "expert_model_parallel_size"], "mcore-train supports CP = EP = 1 so far"
+            ["ckpt_format"],
+            "mcore-train writes torch_dist checkpoints (torch.distributed.checkpoint; with --fsdp they hold "
+            f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
         )
     if training.fsdp:
         check_fsdp_layout(configs)
@@ -108,6 +116,8 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     model_config, training = configs.model, configs.training
     if training.fsdp:
         check_fsdp_available()
+    check_wandb_available(configs.logger)
+    check_tensorboard_available(configs.logger)
     device = get_device()
     dtype = model_config.params_dtype
     with timers.startup_phase("process groups"):
@@ -118,12 +128,14 @@ def pretrain(configs: TrainConfigs) -> dict | None:
             order=model_config.parallel_order,
         )
     try:
-        return _train(configs, groups, timers, device, dtype, rank, world)
+        run_config = dataclasses.asdict(configs)
+        with WandbWriter(configs.logger, rank == 0, training.output_dir, run_config) as wandb_run:
+            return _train(configs, groups, timers, device, dtype, rank, world, wandb_run)
     finally:
         destroy_model_parallel()
 
 
-def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
+def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> dict | None:
     model_config, training, data_config = configs.model, configs.training, configs.data
     dp_rank, dp_size = dist.get_rank(groups.dp), dist.get_world_size(groups.dp)
     tp_rank = dist.get_rank(groups.tp)
@@ -142,7 +154,12 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         vocab_size = data.tokenizer.vocab_size
         if training.fsdp:
             model = build_fsdp_train_model(
-                model_config, vocab_size, groups, training.fsdp_strategy, training.seed
+                model_config,
+                vocab_size,
+                groups,
+                training.fsdp_strategy,
+                training.seed,
+                offload_optimizer=configs.optimizer.optimizer_cpu_offload,
             )
             optimizer = FSDPOptimizer(model.ddp, configs.optimizer)
         else:
@@ -164,13 +181,14 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if is_writer:
         output_dir.mkdir(parents=True, exist_ok=True)
     tensorboard = TensorBoardWriter(configs.logger, is_writer)
+    tokens_per_iteration = global_batch * data_config.seq_length
+    log = MetricsLog(configs.logger, tensorboard, wandb_run, timers, tokens_per_iteration, device)
     straggler = StragglerDetector.from_config(configs.straggler) if configs.straggler.enabled else None
     grad_logger = (
         DataGradientLogger(model.container, output_dir / "grads", every=training.save_grads_interval)
         if training.save_grads_interval
         else None
     )
-    tokens_per_iteration = global_batch * data_config.seq_length
     progress = TrainingProgress(training.train_iters, start, tokens_per_iteration, progress_output)
     if is_writer and start:
         progress.write(f"resumed from {load_dir} at iteration {start}")
@@ -182,32 +200,29 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
         lr = learning_rate(iteration, configs.optimizer.lr, configs.scheduler, training.train_iters)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batches = iteration_micro_batches(
-            data.train, iteration, global_batch, micro, dp_rank, dp_size, device
-        )
+        with log.timed("batch"):
+            batches = iteration_micro_batches(
+                data.train, iteration, global_batch, micro, dp_rank, dp_size, device
+            )
         optimizer.zero_grad()
         step_timer = straggler.step() if straggler is not None else contextlib.nullcontext()
         with step_timer:
             if grad_logger is not None:
                 grad_logger.begin(iteration)
-            timers("forward-backward").start()
-            losses = run_micro_batches(model, batches, groups, dtype=dtype)
-            timers("forward-backward").stop()
-            reduce_sequence_parallel_grads(model.container, groups.tp)  # their main_grads
+            with log.timed("forward-backward"):
+                losses = run_micro_batches(model, batches, groups, dtype=dtype)
+            with log.timed("sequence-parallel-grads"):
+                reduce_sequence_parallel_grads(model.container, groups.tp)  # their main_grads
             if grad_logger is not None:
                 _log_grads(grad_logger, model)
-            timers("optimizer").start()
-            grad_norm = optimizer.step()
-            timers("optimizer").stop()
+            with log.timed("optimizer"):
+                grad_norm = optimizer.step()
         loss = global_mean_loss(losses, groups)
         seconds = timers("iteration").stop()
         history["train"].append([iteration, loss])
         history["lr"].append([iteration, lr])
         progress.update(iteration, loss, seconds, lr)
-        if iteration % configs.logger.log_interval == 0:
-            tensorboard.scalars(iteration, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm})
-            if configs.logger.log_timers_to_tensorboard:
-                tensorboard.scalars(iteration, {"timers/iteration": seconds})
+        log.iteration(iteration, loss, lr, grad_norm, seconds)
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:
@@ -218,19 +233,18 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
             and iteration % training.eval_interval == 0
             and iteration < training.train_iters
         ):
-            result = evaluate(
-                model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype
-            )
+            with log.timed("evaluation"):
+                result = evaluate(
+                    model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype
+                )
             history["heldout"].append([iteration, result["loss"]])
             progress.write(
                 f"iteration {iteration}: held-out loss {result['loss']:.3f} (ppl {result['perplexity']:.1f})"
             )
-            tensorboard.scalars(
-                iteration, {"heldout/loss": result["loss"], "heldout/perplexity": result["perplexity"]}
-            )
+            log.heldout(iteration, result)
         interval = configs.checkpoint.save_interval
         if interval and iteration % interval == 0 and iteration < training.train_iters:
-            with _timed(timers, "save"):
+            with log.timed("save"):
                 last_saved = save_training_checkpoint(
                     checkpointer, model, optimizer, groups.tp, iteration, history, groups
                 )
@@ -238,16 +252,17 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     train_seconds = time.perf_counter() - began
     iterations_run = training.train_iters - start
 
-    final = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
+    with log.timed("evaluation"):
+        final = evaluate(model, data.heldout, training.eval_iters, global_batch, micro, groups, device, dtype)
     if not history["heldout"] or history["heldout"][-1][0] != training.train_iters:
         history["heldout"].append([training.train_iters, final["loss"]])
-    tensorboard.scalars(training.train_iters, {"heldout/loss": final["loss"]})
+    log.heldout(training.train_iters, final)
     if iterations_run > 0 or last_saved is None:
-        with _timed(timers, "save"):
+        with log.timed("save"):
             last_saved = save_training_checkpoint(
                 checkpointer, model, optimizer, groups.tp, training.train_iters, history, groups
             )
-    with _timed(timers, "save"):
+    with log.timed("save"):
         checkpointer.wait()  # an asynchronous save is complete and marked latest from here on
     if training.export_hf:
         exported = fsdp_full_model(model, model_config, groups) if training.fsdp else model.chunks[0]
@@ -316,6 +331,18 @@ def _train(configs, groups, timers, device, dtype, rank, world) -> dict | None:
     if sample is not None:
         (output_dir / "sample.txt").write_text(sample + "\n")
     write_report(output_dir / "report.json", report)
+    wandb_run.summary(
+        {
+            "final/heldout_loss": final["loss"],
+            "final/heldout_perplexity": final["perplexity"],
+            "final/train_loss": report["final_train_loss"],
+            "final/tokens_per_second": report["tokens_per_second"],
+            "final/train_seconds": train_seconds,
+            "final/tokens_seen": report["tokens_seen"],
+            "parameters": parameters,
+            "unigram_baseline": data.unigram_baseline,
+        }
+    )
     print(summary_text(report))
     if sample is not None:
         print(f"\ngreedy sample from {training.sample_prompt!r}:\n{'-' * 60}\n{sample}\n{'-' * 60}")
@@ -358,15 +385,3 @@ def _export_hf(exported, model, groups, directory: str, tokenizer) -> None:
     if dist.get_rank(groups.dp) == 0:
         export_hf_checkpoint(exported, directory, model_type="llama")
     dist.barrier()
-
-
-class _timed:
-    def __init__(self, timers: Timers, name: str):
-        self.timer = timers(name)
-
-    def __enter__(self):
-        self.timer.start()
-
-    def __exit__(self, *exc):
-        self.timer.stop()
-        return False

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 from mcore_parallel import (
     ConfigError,
     DistributedDataParallel,
@@ -27,6 +28,7 @@ _LAYER = re.compile(r"^(\d+)\.decoder\.layers\.(\d+)\.(.*)$")
 _CHUNK = re.compile(r"^(\d+)\.(.*)$")
 
 
+@experimental_api
 @dataclass
 class TrainModel:
     """This rank's chunks (``GPTModel`` each), their container and its data-parallel wrapper."""
@@ -54,6 +56,7 @@ class TrainModel:
         return _CHUNK.match(local_name)[2]
 
 
+@experimental_api
 def build_train_model(
     config: TrainModelConfig,
     vocab_size: int,

@@ -10,6 +10,7 @@ Both clip by the gradient norm of the whole model (all TP, PP and DP ranks, mcor
 from __future__ import annotations
 
 import torch
+from mcore_api import experimental_api
 from mcore_parallel import (
     DistributedDataParallel,
     DistributedOptimizer,
@@ -22,11 +23,15 @@ from mcore_parallel import (
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
 
+@experimental_api
 class LocalOptimizer:
     """Adam/AdamW on a float32 copy of every parameter (the parameter itself when it is float32).
 
     ``step()`` waits for DDP's all-reduced ``main_grad``, clips it by the global norm and writes
     the updated values back into the model's parameters. Returns the norm before clipping.
+    With ``optimizer_cpu_offload`` the first parameters, up to ``optimizer_offload_fraction`` of
+    all elements, keep their float32 main copy and Adam state on the CPU (``offloaded_numel``
+    counts them) and are updated there.
     """
 
     def __init__(
@@ -37,9 +42,20 @@ class LocalOptimizer:
     ):
         self.model, self.config, self.process_groups = model, config, process_groups
         self.params = [p for p in model.module.parameters() if p.requires_grad]
-        self.main_params = [
-            p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float()) for p in self.params
-        ]
+        total = sum(p.numel() for p in self.params)
+        offload_budget = total * config.optimizer_offload_fraction if config.optimizer_cpu_offload else 0
+        self.offloaded_numel = 0
+        self.main_params = []
+        for param in self.params:
+            device = param.device
+            if self.offloaded_numel + param.numel() <= offload_budget:
+                device = torch.device("cpu")
+                self.offloaded_numel += param.numel()
+            if param.dtype == torch.float32 and param.device == device:
+                self.main_params.append(param)
+            else:
+                main = param.detach().to(device=device, dtype=torch.float32, copy=True)
+                self.main_params.append(torch.nn.Parameter(main))
         self.optimizer = build_adam_optimizer(self.main_params, config)
 
     @property
@@ -55,7 +71,7 @@ class LocalOptimizer:
         self.model.finish_grad_sync()
         norm = clip_grad_norm(self.params, self.config.clip_grad, self.process_groups)
         for param, main in zip(self.params, self.main_params, strict=True):
-            main.grad = param.main_grad.float()
+            main.grad = param.main_grad.to(device=main.device, dtype=torch.float32)
         self.optimizer.step()
         with torch.no_grad():
             for param, main in zip(self.params, self.main_params, strict=True):
@@ -102,6 +118,7 @@ class LocalOptimizer:
         return steps[0] if steps else 0
 
 
+@experimental_api
 def build_optimizer(
     model: DistributedDataParallel, config: OptimizerConfig, process_groups: ProcessGroupCollection
 ) -> LocalOptimizer | DistributedOptimizer:

@@ -10,7 +10,12 @@ from .fields import ConfigError, config_field, validate_fields
 
 @dataclass
 class CheckpointConfig:
-    """Checkpointing: save and load directories, interval, format and what to include."""
+    """Checkpointing: save and load directories, interval, format and what to include.
+
+    ``ckpt_format``: ``torch_dist`` (``torch.distributed.checkpoint``) is the one format
+    implemented; ``fsdp_dtensor`` is reserved for a later release and ``DistributedCheckpointer``
+    refuses it.
+    """
 
     save: str | None = config_field(None, help="Directory to save checkpoints to.")
     load: str | None = config_field(None, help="Directory to load a checkpoint from.")
@@ -23,7 +28,8 @@ class CheckpointConfig:
     no_load_rng: bool = config_field(False, help="Do not restore the random-number states when loading.")
     ckpt_format: Literal["torch_dist", "fsdp_dtensor"] = config_field(
         "torch_dist",
-        help="On-disk format: torch_dist (distributed checkpoint) or fsdp_dtensor (FSDP DTensor state).",
+        help="On-disk format: torch_dist (torch.distributed.checkpoint); fsdp_dtensor is reserved for a "
+        "later release and refused.",
     )
     async_save: bool = config_field(
         False, help="Write checkpoints in the background while training continues."

@@ -9,11 +9,14 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from mcore_api import internal_api
+
 from .fields import field_kind, validate_fields
 
 ConfigT = TypeVar("ConfigT")
 
 
+@internal_api
 def flag_of(field: dataclasses.Field) -> str:
     """The option string of a config field: its ``flag`` metadata, or ``--field-name``."""
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")

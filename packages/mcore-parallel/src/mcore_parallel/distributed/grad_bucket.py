@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 
 
+@internal_api
 class GradBucket:
     """Parameters whose gradients sit side by side in ``grad_data`` and are reduced together.
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 
 from .grad_bucket import GradBucket
 
 
+@internal_api
 class ParamAndGradBuffer:
     """The gradients of ``params`` (one dtype) laid out contiguously, in reverse order, in buckets.
 

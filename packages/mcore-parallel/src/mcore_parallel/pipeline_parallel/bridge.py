@@ -6,11 +6,13 @@ import math
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 
 from ..process_groups.hyper_comm_grid import HyperCommGrid
 from .p2p import BACKWARD_TAG, FORWARD_TAG, MAX_DIMS, decode_shape, encode_shape, send_tensors
 
 
+@experimental_api
 class BridgeCommunicator:
     """Connect the last stage of ``src_grid`` to the first stage of ``dest_grid`` (dims ``tp`` and ``dp``).
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 
 from ..config.ddp import DistributedDataParallelConfig
 from ..distributed.data_parallel import DistributedDataParallel
@@ -11,6 +12,7 @@ from ..process_groups.collection import ProcessGroupCollection
 from ..process_groups.hyper_comm_grid import HyperCommGrid
 
 
+@experimental_api
 class MultiModuleProcessGroups:
     """Each named module's grid and its ``tp`` / ``dp`` groups, so its collectives stay in its grid.
 

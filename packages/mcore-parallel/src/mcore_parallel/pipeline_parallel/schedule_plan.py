@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from mcore_api import experimental_api
 
+
+@experimental_api
 class PipelineAction(NamedTuple):
     """One step of a stage: ``kind`` ``"F"`` (forward) or ``"B"`` (backward) of ``microbatch`` on ``chunk``."""
 
@@ -13,6 +16,7 @@ class PipelineAction(NamedTuple):
     microbatch: int
 
 
+@experimental_api
 def schedule_actions(
     stage: int, num_stages: int, num_microbatches: int, num_chunks: int = 1, forward_only: bool = False
 ) -> list[PipelineAction]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .hyper_comm_grid import HyperCommGrid
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""The default ``order`` of the rank grid: tensor, context, expert, data, pipeline, fastest-varying first."""
+
 _ORDER_DIMS = frozenset({"tp", "cp", "ep", "dp", "pp"})
 
 

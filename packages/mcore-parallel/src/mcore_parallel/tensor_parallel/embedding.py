@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from mcore_api import internal_api
 
 from .collectives import resolve_tp_group
 from .initialization import InitMethod, check_divisible, default_init_method, sharded_parameter
 from .mappings import reduce_from_tensor_model_parallel_region, reduce_scatter_to_sequence_parallel_region
 
 
+@internal_api
 def vocab_range(vocab_size: int, rank: int, world_size: int) -> tuple[int, int]:
     """The ``[start, end)`` token ids held by ``rank`` when ``vocab_size`` splits evenly over ``world_size``."""
     per_rank = check_divisible("vocab_size", vocab_size, world_size)

@@ -7,6 +7,7 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 
 InitMethod = Callable[[torch.Tensor], object]
 
@@ -14,6 +15,7 @@ default_init_method: InitMethod = partial(torch.nn.init.normal_, mean=0.0, std=0
 """Normal(0, 0.02), the usual transformer initialisation."""
 
 
+@internal_api
 def sharded_parameter(
     shape: tuple[int, ...],
     partition_dim: int,

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 
 from ..device import get_group_device
 
 DEFAULT_BOUND_FACTOR = 8.0
 
 
+@experimental_api
 def relative_difference(actual: torch.Tensor, reference: torch.Tensor) -> float:
     """``||actual - reference||_F / ||reference||_F`` in float64 (the absolute norm when the reference is 0)."""
     if actual.shape != reference.shape:
@@ -24,6 +26,7 @@ def relative_difference(actual: torch.Tensor, reference: torch.Tensor) -> float:
     return difference / scale if scale > 0 else difference
 
 
+@experimental_api
 def sharded_frobenius_norm(
     local_shards: Iterable[torch.Tensor], group: dist.ProcessGroup | None = None
 ) -> float:
@@ -38,6 +41,7 @@ def sharded_frobenius_norm(
     return math.sqrt(squares.item())
 
 
+@experimental_api
 def expected_error_bound(dtype: torch.dtype, depth: int, factor: float = DEFAULT_BOUND_FACTOR) -> float:
     """Relative error to expect between two computations that differ only in summation order.
 
@@ -49,6 +53,7 @@ def expected_error_bound(dtype: torch.dtype, depth: int, factor: float = DEFAULT
     return factor * torch.finfo(dtype).eps * depth
 
 
+@experimental_api
 @dataclass(frozen=True)
 class GradientCheck:
     """The outcome of ``check_gradient``: relative ``error``, the ``bound`` it was held to, and ``ok``."""
@@ -58,6 +63,7 @@ class GradientCheck:
     ok: bool
 
 
+@experimental_api
 def check_gradient(
     actual: torch.Tensor,
     reference: torch.Tensor,

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 
 from ..device import get_group_device
 
 _LINUX_EPHEMERAL_DEFAULT = (32768, 60999)
 
 
+@internal_api
 def ephemeral_port_range() -> tuple[int, int]:
     """The OS range ``(low, high)`` that ports bound to 0 come from (Linux's default when unknown)."""
     try:

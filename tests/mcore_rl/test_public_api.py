@@ -1,0 +1,9 @@
+"""mcore_rl's public surface: no stability markers, every name documented in the package README."""
+
+from mcore_testing.public_api import missing_from_readme, stability_markers, undocumented
+
+
+def test_public_surface_is_documented_and_unmarked():
+    assert stability_markers("mcore_rl") == {}
+    assert undocumented("mcore_rl") == []
+    assert missing_from_readme(["mcore_rl"], "mcore-rl") == []
