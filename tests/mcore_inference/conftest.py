@@ -112,14 +112,25 @@ def prompts_factory():
     return random_prompts
 
 
+@pytest.fixture
+def hf_tiny_config():
+    """Keyword arguments of a tiny Hugging Face Llama-family config (GQA 4/2, two layers)."""
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
 def build_engine(model, blocks=64, block_size=4, **kwargs):
     """An engine whose cache holds exactly ``blocks`` blocks (fp32 cache of this rank's heads)."""
-    import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine
 
-    config = model.config
-    kv_heads = config.num_query_groups // dist.get_world_size(model.tp_group)
-    per_block = 2 * len(model.decoder.layers) * block_size * kv_heads * config.kv_channels * 4
+    spec = model.kv_cache_spec
+    per_block = 2 * len(spec.layer_numbers) * block_size * spec.num_kv_heads * spec.head_dim * 4
     return DynamicInferenceEngine(model, kv_cache_memory=blocks * per_block, block_size=block_size, **kwargs)
 
 
@@ -141,7 +152,7 @@ def split_model_builder():
 
 
 class FlakyModel:
-    """Wraps a model; its forward raises for the first ``failures`` calls."""
+    """Wraps a model; its ``inference_forward`` raises for the first ``failures`` calls."""
 
     def __init__(self, model, failures):
         self.model, self.failures = model, failures
@@ -149,16 +160,36 @@ class FlakyModel:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def eval(self):
-        return self
-
-    def __call__(self, *args, **kwargs):
+    def inference_forward(self, *args, **kwargs):
         if self.failures:
             self.failures -= 1
             raise RuntimeError("device hiccup")
-        return self.model(*args, **kwargs)
+        return self.model.inference_forward(*args, **kwargs)
 
 
 @pytest.fixture
 def flaky_model():
     return FlakyModel
+
+
+class RecordingModel:
+    """Forwards reads to ``model`` and records their names in ``read``; refuses every write."""
+
+    def __init__(self, model):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._model, name)
+
+    def __setattr__(self, name, value):
+        raise AssertionError(f"the engine set model.{name}")
+
+    def __delattr__(self, name):
+        raise AssertionError(f"the engine deleted model.{name}")
+
+
+@pytest.fixture
+def recording_model():
+    return RecordingModel

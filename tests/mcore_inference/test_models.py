@@ -22,6 +22,7 @@ def test_tensor_parallel_two_ranks_matches_oracle(
         seeded = SamplingParams(temperature=1.0, seed=dist.get_rank(), num_tokens_to_generate=6)
         requests = engine.generate([*prompts, prompts[0]], [GREEDY] * 5 + [seeded])
         assert all(r.status is RequestStatus.COMPLETED for r in requests)
+        assert model.parallel_output  # full-vocabulary logits without switching the model's output
         return [r.generated_tokens for r in requests[:5]] == expected, requests[5].generated_tokens
 
     (same0, sampled0), (same1, sampled1) = run_distributed(body, 2, timeout=120)
@@ -30,32 +31,28 @@ def test_tensor_parallel_two_ranks_matches_oracle(
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, prompts_factory):
+def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, prompts_factory, hf_tiny_config):
     transformers = pytest.importorskip("transformers")
     from mcore_models import import_hf_checkpoint
 
     common = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hf_tiny_config,
         max_position_embeddings=256,
+        # No end-of-sequence id: generate's min_new_tokens would forbid it where ignore_eos only
+        # keeps going, so the two differ whenever the argmax is that id.
+        eos_token_id=None,
     )
+    torch.manual_seed(0)  # weights independent of the tests run before
     if family == "llama":
         config = transformers.LlamaConfig(**common)
         hf_model = transformers.LlamaForCausalLM(config)
     else:
         config = transformers.Qwen2Config(**common)
         hf_model = transformers.Qwen2ForCausalLM(config)
-    torch.manual_seed(0)
     hf_model.save_pretrained(tmp_path)
     model = import_hf_checkpoint(tmp_path, pg_collection=groups)
     prompts = prompts_factory(3, 3, 15, seed=41)
     requests = make_engine(model, max_tokens=8).generate(prompts, GREEDY)
     for prompt, request in zip(prompts, requests, strict=True):
-        expected = hf_model.generate(
-            torch.tensor([prompt]), max_new_tokens=6, do_sample=False, min_new_tokens=6
-        )
+        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
         assert request.generated_tokens == oracle(model, prompt, 6) == expected[0, len(prompt) :].tolist()

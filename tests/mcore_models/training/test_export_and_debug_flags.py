@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from mcore_models.data import Tokenizer
 from mcore_models.training import build_optimizer, build_train_model, load_training_checkpoint, pretrain
 from mcore_parallel import (
     CheckpointConfig,
@@ -45,6 +46,11 @@ def test_export_straggler_report_and_gradient_files(run_distributed, tiny_config
     with torch.no_grad():
         theirs = hf(tokens).logits
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-4)
+    # ... whose eos and pad ids are the tokenizer's end-of-document and pad ids, in both config files
+    tokenizer = Tokenizer.from_file(configs.data.tokenizer_file)
+    for loaded in (hf.config, transformers.GenerationConfig.from_pretrained(hf_dir)):
+        ids = (loaded.bos_token_id, loaded.eos_token_id, loaded.pad_token_id)
+        assert ids == (None, tokenizer.eod_id, tokenizer.pad_id)
 
     # straggler detection: a report per iteration (interval 1 µs) with both ranks' step times
     reports = report["straggler_reports"]

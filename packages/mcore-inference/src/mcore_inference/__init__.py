@@ -1,5 +1,5 @@
-"""Dynamic-batching inference engine with a paged KV cache, a ZMQ coordinator for
-data-parallel engines and an OpenAI-compatible HTTP server."""
+"""An in-process, dynamic-batching inference engine with a paged KV cache for models implementing
+``mcore_models.InferenceModel`` (a ZMQ coordinator and an HTTP server are planned, not here yet)."""
 
 from importlib.metadata import version as _version
 

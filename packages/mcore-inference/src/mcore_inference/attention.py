@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from mcore_api import internal_api
 
 
+@internal_api
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,

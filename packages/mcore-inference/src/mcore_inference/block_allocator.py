@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+from mcore_api import internal_api
+
 from .errors import BlockOverflowError
 
 
+@internal_api
 def block_hash(parent_hash: int | None, tokens: Sequence[int]) -> int:
     """Hash of a full block: its parent block's hash (``None`` for the first) and its tokens."""
     return hash((parent_hash, tuple(tokens)))
 
 
+@internal_api
 class BlockAllocator:
     """Hands out block ids ``0 .. num_blocks - 1``.
 

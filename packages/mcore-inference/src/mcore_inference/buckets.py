@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mcore_api import internal_api
+
 
 @dataclass(frozen=True, order=True)
 class InferenceBatchDimensions:
@@ -29,6 +31,7 @@ class InferenceBatchDimensions:
 
     @property
     def req_count(self) -> int:
+        """Requests in the step, prefill and decode."""
         return self.prefill_req_count + self.decode_req_count
 
     def fits(self, batch: InferenceBatchDimensions) -> bool:
@@ -69,6 +72,7 @@ def build_batch_buckets(
     return sorted(buckets)
 
 
+@internal_api
 def match_bucket(
     batch: InferenceBatchDimensions, buckets: Sequence[InferenceBatchDimensions]
 ) -> InferenceBatchDimensions | None:

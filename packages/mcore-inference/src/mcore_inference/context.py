@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
+from mcore_api import internal_api
 
 from .attention import paged_attention
 from .block_allocator import BlockAllocator
@@ -16,11 +17,13 @@ from .errors import MaxSequenceLengthOverflowError, RequestOverflowError, TokenO
 from .pipeline import block_count_group, model_groups
 
 if TYPE_CHECKING:
+    from mcore_models import InferenceModel
     from mcore_parallel import ProcessGroupCollection
 
     from .request import Request
 
 
+@internal_api
 @dataclass
 class ScheduledChunk:
     """Tokens ``start .. start + length - 1`` of ``request.tokens`` computed in this step, and
@@ -44,6 +47,7 @@ class _AttentionGroup:
     query_positions: torch.Tensor  # [B, Q]
 
 
+@internal_api
 class DecodeView(NamedTuple):
     """The tensors of one padded decode shape: ``rows`` requests, ``width`` key slots each."""
 
@@ -55,6 +59,7 @@ class DecodeView(NamedTuple):
     logits_indices: torch.Tensor  # [rows]: 0 .. rows - 1
 
 
+@internal_api
 class DecodeBuffers:
     """Device tensors at fixed addresses that padded decode steps of up to ``max_rows`` requests
     and ``max_width`` key slots read: a CUDA graph captured over a ``view`` replays on whatever
@@ -151,26 +156,22 @@ class DynamicInferenceContext:
 
     @classmethod
     def from_model(
-        cls, model: torch.nn.Module, *, pg_collection: ProcessGroupCollection | None = None, **kwargs
+        cls, model: InferenceModel, *, pg_collection: ProcessGroupCollection | None = None, **kwargs
     ) -> DynamicInferenceContext:
-        """A context shaped for ``model`` (an ``mcore_models.GPTModel``, this rank's stage and heads).
+        """A context shaped for ``model`` (an ``mcore_models.InferenceModel``: this rank's stage
+        and heads, from its ``kv_cache_spec``, and its ``max_sequence_length``).
 
         The block count is agreed over the model-parallel ranks (tensor x pipeline) of the groups
         ``model`` was built with: ``pg_collection``, else the global ones if ``model`` uses them."""
-        config = model.config
-        tp_size = dist.get_world_size(model.tp_group)
-        layers = model.decoder.layers
-        parameter = next(model.parameters())
+        spec = model.kv_cache_spec
         defaults = {
-            "num_layers": len(layers),
-            "first_layer_number": layers[0].layer_number,
-            "num_kv_heads": config.num_query_groups // tp_size,
-            "head_dim": config.kv_channels,
-            "dtype": parameter.dtype,
-            "device": parameter.device,
-            "max_sequence_length": config.max_position_embeddings
-            if config.position_embedding_type == "learned_absolute"
-            else None,
+            "num_layers": len(spec.layer_numbers),
+            "first_layer_number": spec.layer_numbers.start,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "dtype": spec.dtype,
+            "device": spec.device,
+            "max_sequence_length": model.max_sequence_length,
             "block_count_group": block_count_group(model, model_groups(model, pg_collection)),
         }
         return cls(**(defaults | kwargs))
@@ -188,6 +189,7 @@ class DynamicInferenceContext:
 
     @property
     def num_blocks(self) -> int:
+        """Cache blocks, agreed over ``block_count_group``."""
         return self.allocator.num_blocks
 
     @property
@@ -197,6 +199,7 @@ class DynamicInferenceContext:
 
     @property
     def is_allocated(self) -> bool:
+        """Whether the cache tensors exist (``False`` after ``deallocate``)."""
         return self.kv_cache is not None
 
     @property
@@ -227,6 +230,7 @@ class DynamicInferenceContext:
         return freed
 
     def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that ``num_tokens`` tokens occupy."""
         return -(-num_tokens // self.block_size)
 
     def check_sequence_length(self, length: int) -> None:
@@ -236,6 +240,7 @@ class DynamicInferenceContext:
                 f"sequence of {length} tokens exceeds max_sequence_length {self.max_sequence_length}"
             )
 
+    @internal_api
     def prepare_step(
         self, chunks: Sequence[ScheduledChunk]
     ) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
@@ -290,6 +295,7 @@ class DynamicInferenceContext:
         as_row = {"dtype": torch.long, "device": self.device}
         return torch.tensor([ids], **as_row), torch.tensor([positions], **as_row), logits_slices
 
+    @internal_api
     def prepare_padded_decode(
         self, chunks: Sequence[ScheduledChunk], buffers: DecodeBuffers, rows: int, key_blocks: int
     ) -> list[slice]:

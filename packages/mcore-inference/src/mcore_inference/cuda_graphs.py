@@ -6,11 +6,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 import torch
+from mcore_api import internal_api
+from mcore_models import InferenceModel
 
 from .buckets import InferenceBatchDimensions, match_bucket
 from .context import DecodeBuffers, DynamicInferenceContext, ScheduledChunk
 
 
+@internal_api
 class DecodeGraphRunner:
     """Runs decode-only steps (every chunk one token) of ``model`` padded to a static shape.
 
@@ -27,7 +30,7 @@ class DecodeGraphRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: InferenceModel,
         context: DynamicInferenceContext,
         buckets: Sequence[InferenceBatchDimensions],
         *,
@@ -81,9 +84,7 @@ class DecodeGraphRunner:
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
         view = self.buffers.view(shape[0], shape[1] * self.context.block_size)
         with torch.inference_mode():
-            return self.model(view.input_ids, position_ids=view.position_ids, inference_context=self.context)[
-                0
-            ]
+            return self.model.inference_forward(view.input_ids, view.position_ids, self.context)
 
     def _capture(self, shape: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # The buffers hold this step's real layout: warm-up runs rewrite the same keys and values

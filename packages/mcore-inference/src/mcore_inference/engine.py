@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mcore_models import InferenceModel, missing_inference_members
 from mcore_parallel import ProcessGroupCollection, get_group_device
 
 from .buckets import InferenceBatchDimensions, build_batch_buckets
@@ -29,8 +30,21 @@ from .scheduler import Scheduler
 OutputCallback = Callable[[RequestOutput], None]
 
 
+def _check_model(model: object) -> None:
+    """``TypeError`` naming what ``model`` lacks of ``InferenceModel``; ``ValueError`` if it is
+    in training mode."""
+    missing = missing_inference_members(model)
+    if missing:
+        raise TypeError(
+            f"model must implement mcore_models.InferenceModel; {type(model).__name__} lacks {', '.join(missing)}"
+        )
+    if model.training:
+        raise ValueError("model is in training mode: call model.eval() first (the engine does not change it)")
+
+
 class DynamicInferenceEngine:
-    """Continuous batching over a paged KV cache for an ``mcore_models.GPTModel``.
+    """Continuous batching over a paged KV cache for a model implementing
+    ``mcore_models.InferenceModel`` (e.g. an ``mcore_models.GPTModel``).
 
     ``add_request`` queues a prompt (token ids, or text with ``tokenizer``) and returns its
     ``Request``, whose ``result()`` blocks until it is done. Each ``step()`` schedules decodes,
@@ -39,8 +53,9 @@ class DynamicInferenceEngine:
     done; ``stream``/``generate_async`` do the same from a running asyncio loop, stepping in a
     worker thread. A request that cannot be served fails alone with a non-transient error event.
 
-    The model is put in eval mode with ``parallel_output = False`` (full-vocabulary logits on
-    every tensor-parallel rank). ``model`` may be one pipeline stage (``pre_process`` /
+    The engine uses only the members of ``InferenceModel`` and never changes the model: it must be
+    in eval mode (else ``ValueError``; a model lacking a member of the protocol is refused with a
+    ``TypeError`` naming it). ``model`` may be one pipeline stage (``pre_process`` /
     ``post_process`` of its rank in the pipeline group): the stages pass hidden states on and the
     last one broadcasts its logits to all (``PipelineStage.forward``; a forward that raises on one
     stage makes every rank raise and retry the step's requests alike). Every rank of the model
@@ -49,8 +64,11 @@ class DynamicInferenceEngine:
     the last stage, so each rank's ``Request`` objects hold the same results. The groups are
     ``pg_collection``, else the global ones of ``initialize_model_parallel`` if ``model`` uses
     them. ``context`` defaults to ``DynamicInferenceContext.from_model(model, pg_collection=...,
-    **context_kwargs)``. The end-of-sequence id is ``eos_token_id``, else the tokenizer's
-    ``eod_id``, else none.
+    **context_kwargs)``.
+
+    Requests stop at an end-of-sequence id unless their ``SamplingParams.ignore_eos``: the ids
+    are ``eos_token_id`` (one id or a list; ``[]`` for none), else the model's ``eos_token_ids``,
+    else the tokenizer's ``eod_id``, else none. An id outside the vocabulary is a ``ValueError``.
 
     ``cuda_graphs`` (``True``: ``build_batch_buckets(max_requests, max_tokens)``, or a list of
     buckets) runs decode-only steps padded to the decode-only buckets through CUDA graphs (see
@@ -60,19 +78,19 @@ class DynamicInferenceEngine:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: InferenceModel,
         context: DynamicInferenceContext | None = None,
         *,
         tokenizer: Any | None = None,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
         seed: int = 0,
         max_transient_retries: int = 2,
         cuda_graphs: bool | Sequence[InferenceBatchDimensions] = False,
         pg_collection: ProcessGroupCollection | None = None,
         **context_kwargs: Any,
     ):
-        self.model = model.eval()
-        model.parallel_output = False
+        _check_model(model)
+        self.model = model
         self.context = (
             context
             if context is not None
@@ -81,9 +99,9 @@ class DynamicInferenceEngine:
         self.scheduler = Scheduler(self.context)
         self.vocab_size = model.vocab_size
         self.tokenizer = tokenizer
-        self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eod_id", None)
+        self.eos_token_ids = self._eos_token_ids(eos_token_id)
         self.max_transient_retries = max_transient_retries
-        tp_group = getattr(model, "tp_group", None)
+        tp_group = model.tp_group
         self._tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
         self._pipeline = PipelineStage.of(model, model_groups(model, pg_collection))
         self._generator = torch.Generator().manual_seed(seed)
@@ -97,6 +115,29 @@ class DynamicInferenceEngine:
         self._shutdown = False
         self.step_count = 0
         self.graph_runner = self._graph_runner(cuda_graphs)
+
+    def _eos_token_ids(self, eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
+        if eos_token_id is not None:
+            source, ids = "eos_token_id", eos_token_id
+        elif self.model.eos_token_ids:
+            source, ids = "the model's eos_token_ids", self.model.eos_token_ids
+        else:
+            source, ids = "the tokenizer's eod_id", getattr(self.tokenizer, "eod_id", None)
+        ids = () if ids is None else (ids,) if isinstance(ids, int) else tuple(ids)
+        outside = [
+            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+        ]
+        if outside:
+            raise ValueError(
+                f"{source} must be token ids in [0, {self.vocab_size}), got {outside}; "
+                "pass eos_token_id (a list, [] for none) to choose others"
+            )
+        return ids
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The first of ``eos_token_ids``, or ``None`` when there are none."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def _graph_runner(
         self, cuda_graphs: bool | Sequence[InferenceBatchDimensions]
@@ -180,6 +221,7 @@ class DynamicInferenceEngine:
         self.context.check_sequence_length(params.max_total_length(len(prompt)))
 
     def has_unfinished_requests(self) -> bool:
+        """Whether a request is queued, waiting or active."""
         return bool(self._incoming) or self.scheduler.has_work()
 
     # ----------------------------------------------------------------- stepping
@@ -210,7 +252,7 @@ class DynamicInferenceEngine:
         """This step's logits ``[k, vocab]`` (rows ``context.logits_indices``), on every rank."""
         if self._pipeline is not None:
             return self._pipeline.forward(self.model, input_ids, position_ids, self.context)
-        return self.model(input_ids, position_ids=position_ids, inference_context=self.context)[0]
+        return self.model.inference_forward(input_ids, position_ids, self.context)
 
     def _retry(self, chunks: Sequence[ScheduledChunk], error: Exception) -> list[Request]:
         failed = []
@@ -302,7 +344,7 @@ class DynamicInferenceEngine:
         params = request.sampling_params
         if token in params.stop_token_ids:
             return "stop_token"
-        if not params.ignore_eos and token == self.eos_token_id:
+        if not params.ignore_eos and token in self.eos_token_ids:
             return "eos"
         if params.stop_strings:
             text = self.tokenizer.decode(request.generated_tokens)
@@ -433,6 +475,7 @@ class DynamicInferenceEngine:
 
     @property
     def suspended(self) -> bool:
+        """Whether ``suspend`` freed the cache and ``resume`` was not called since."""
         return self._suspended
 
     def shutdown(self) -> None:

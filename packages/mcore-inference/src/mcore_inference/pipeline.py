@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from mcore_models import InferenceModel
 from mcore_parallel import P2PCommunicator, ProcessGroupCollection, get_group_device
 from mcore_parallel.parallel_state import get_process_group_collection, model_parallel_is_initialized
 
@@ -18,7 +19,7 @@ def _size(group: dist.ProcessGroup | None) -> int:
 
 
 def model_groups(
-    model: torch.nn.Module, pg_collection: ProcessGroupCollection | None = None
+    model: InferenceModel, pg_collection: ProcessGroupCollection | None = None
 ) -> ProcessGroupCollection | None:
     """The groups ``model`` was built with: ``pg_collection``, else the global ones of
     ``initialize_model_parallel`` if ``model`` uses their tensor-parallel group, else ``None``."""
@@ -26,21 +27,20 @@ def model_groups(
         return pg_collection
     if model_parallel_is_initialized():
         groups = get_process_group_collection()
-        if groups.tp is getattr(model, "tp_group", None):
+        if groups.tp is model.tp_group:
             return groups
     return None
 
 
-def pipeline_group(model: torch.nn.Module, groups: ProcessGroupCollection | None) -> dist.ProcessGroup | None:
+def pipeline_group(model: InferenceModel, groups: ProcessGroupCollection | None) -> dist.ProcessGroup | None:
     """The pipeline group ``model`` is a stage of, or ``None`` when it is the whole model.
 
     Raises:
         ValueError: ``model`` lacks the embedding or the output layer but no pipeline group was
-            found, or its ``pre_process``/``post_process`` disagree with its rank in the group.
-        NotImplementedError: virtual pipeline stages (several chunks per rank).
+            found, or the stages do not form one model (see ``_stage_layout_error``).
     """
     pp = groups.pp if groups is not None else None
-    first, last = getattr(model, "pre_process", True), getattr(model, "post_process", True)
+    first, last = model.pre_process, model.post_process
     if _size(pp) == 1:
         if not (first and last):
             raise ValueError(
@@ -48,23 +48,48 @@ def pipeline_group(model: torch.nn.Module, groups: ProcessGroupCollection | None
                 "group of more than one rank was found: pass pg_collection, the groups it was built with"
             )
         return None
-    if (getattr(model.config, "virtual_pipeline_model_parallel_size", None) or 1) > 1:
-        raise NotImplementedError("inference over virtual pipeline stages is not supported")
-    stage, count = dist.get_rank(pp), dist.get_world_size(pp)
-    if first != (stage == 0) or last != (stage == count - 1):
-        raise ValueError(
-            f"the model has pre_process={first}, post_process={last}, but this rank is stage {stage} "
-            f"of {count} of its pipeline group"
-        )
+    error = _stage_layout_error(model, pp)
+    if error is not None:
+        raise ValueError(error)
     return pp
 
 
+def _stage_layout_error(model: InferenceModel, pp: dist.ProcessGroup) -> str | None:
+    """Why the stages of ``pp`` do not form one model, or ``None``; the same on every stage.
+
+    Only the first stage may have ``pre_process``, only the last ``post_process``, and the
+    stages' layers must follow each other from layer 1 (one model chunk per rank: virtual
+    pipeline stages are not supported)."""
+    layers = model.kv_cache_spec.layer_numbers
+    mine = torch.tensor(
+        [model.pre_process, model.post_process, layers.start, layers.stop],
+        dtype=torch.long,
+        device=get_group_device(pp),
+    )
+    stages = [torch.empty_like(mine) for _ in range(dist.get_world_size(pp))]
+    dist.all_gather(stages, mine, group=pp)
+    next_layer, last_stage = 1, len(stages) - 1
+    for stage, (first, last, start, stop) in enumerate(t.tolist() for t in stages):
+        if first != (stage == 0) or last != (stage == last_stage):
+            return (
+                f"stage {stage} of {last_stage + 1} has pre_process={bool(first)}, post_process={bool(last)}; "
+                "only the first stage may embed and only the last may produce logits"
+            )
+        if start != next_layer:
+            return (
+                f"stage {stage} holds layers {start}..{stop - 1}, but the stages before it end at layer "
+                f"{next_layer - 1}: one chunk per rank in stage order (virtual pipeline stages are not supported)"
+            )
+        next_layer = stop
+    return None
+
+
 def block_count_group(
-    model: torch.nn.Module, groups: ProcessGroupCollection | None
+    model: InferenceModel, groups: ProcessGroupCollection | None
 ) -> dist.ProcessGroup | None:
     """The ranks of this model replica, which must agree on the cache's block count: the
     model-parallel group (tensor x pipeline), or the one of the two that has several ranks."""
-    tp, pp = getattr(model, "tp_group", None), pipeline_group(model, groups)
+    tp, pp = model.tp_group, pipeline_group(model, groups)
     if _size(tp) > 1 and _size(pp) > 1:
         if groups.mp is None:
             raise ValueError("pg_collection.mp (tensor x pipeline) is needed to agree on the block count")
@@ -98,18 +123,18 @@ class PipelineStage:
         self.comm_device = get_group_device(group)
 
     @classmethod
-    def of(cls, model: torch.nn.Module, groups: ProcessGroupCollection | None) -> PipelineStage | None:
+    def of(cls, model: InferenceModel, groups: ProcessGroupCollection | None) -> PipelineStage | None:
         """``model``'s stage (see ``pipeline_group``), or ``None`` without pipeline parallelism."""
         group = pipeline_group(model, groups)
         if group is None:
             return None
-        parameter = next(model.parameters())
+        spec = model.kv_cache_spec
         return cls(
             group,
-            hidden_size=model.config.hidden_size,
+            hidden_size=model.hidden_size,
             vocab_size=model.vocab_size,
-            dtype=parameter.dtype,
-            device=parameter.device,
+            dtype=spec.dtype,
+            device=spec.device,
         )
 
     @property
@@ -122,7 +147,7 @@ class PipelineStage:
 
     def forward(
         self,
-        model: torch.nn.Module,
+        model: InferenceModel,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         context: DynamicInferenceContext,
@@ -137,23 +162,20 @@ class PipelineStage:
         """
         tokens, rows = input_ids.shape[1], len(context.logits_indices)
         expected = (rows, self.vocab_size) if self.is_last else (tokens, 1, self.hidden_size)
-        status, error, output = 0, None, None
+        status, error, output, hidden_states = 0, None, None, None
         if not self.is_first:
             received = self._p2p(tokens).recv_forward()
             status = int(received[-1].item())
-            model.set_input_tensor(received[:-1].view(tokens, 1, self.hidden_size).to(self.device))
+            hidden_states = received[:-1].view(tokens, 1, self.hidden_size).to(self.device)
         if status == 0:
             try:
-                output = model(input_ids, position_ids=position_ids, inference_context=context)
-                output = output[0] if self.is_last else output
+                output = model.inference_forward(input_ids, position_ids, context, hidden_states)
                 if tuple(output.shape) != expected:
                     raise ValueError(
                         f"stage {self.stage} output has shape {tuple(output.shape)}, not {expected}"
                     )
             except Exception as exc:  # reported to every stage below
                 status, error, output = self.stage + 1, exc, None
-        if not self.is_first:
-            model.set_input_tensor(None)
         if self.is_last:
             logits = self._message(output, rows * self.vocab_size, status)
         else:

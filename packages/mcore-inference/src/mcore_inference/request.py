@@ -44,6 +44,7 @@ class RequestEvent:
     message: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain ``dict`` of the event (JSON/msgpack-ready)."""
         return {"type": self.type.value, "timestamp": self.timestamp, "message": self.message}
 
 
@@ -82,6 +83,7 @@ class Request:
             self.tokens = list(self.prompt_tokens)
 
     def add_event(self, type: RequestEventType, message: str | None = None) -> RequestEvent:
+        """Record an event of ``type`` now and return it."""
         event = RequestEvent(type, time.time(), message)
         self.events.append(event)
         return event
@@ -92,6 +94,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
+        """Whether the request completed or failed."""
         return self.status in (RequestStatus.COMPLETED, RequestStatus.FAILED)
 
     @property

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from mcore_api import internal_api
 
 from .sampling_params import SamplingParams
 
 
+@internal_api
 @dataclass
 class SampledTokens:
     """The sampled token of each row, its log-probability and the top-n log-probabilities
@@ -20,6 +22,7 @@ class SampledTokens:
     top_logprobs: list[dict[int, float]]
 
 
+@internal_api
 def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """``logits [R, V]`` divided by each row's temperature, with the tokens that its ``top_k``,
     ``top_p`` and ``min_p`` exclude set to ``-inf`` (rows must not be greedy)."""
@@ -42,6 +45,7 @@ def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     return filtered.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
 
 
+@internal_api
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],

@@ -41,6 +41,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether ``temperature`` is 0 (argmax decoding)."""
         return self.temperature == 0.0
 
     def validate(self, vocab_size: int) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 
+from mcore_api import internal_api
+
 from .context import DynamicInferenceContext, ScheduledChunk
 from .request import Request, RequestEventType, RequestStatus
 
 
+@internal_api
 class Scheduler:
     """Holds the waiting queue and the active requests (those owning cache blocks, in admission order).
 

@@ -16,6 +16,7 @@ from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmo
 from mcore_models.transformer.block import TransformerBlock
 from mcore_models.transformer.core_attention import DotProductAttention
 from mcore_models.transformer.inference_context import InferenceContext
+from mcore_models.transformer.inference_model import InferenceModel, KVCacheSpec, missing_inference_members
 from mcore_models.transformer.layer import TransformerLayer, TransformerLayerSubmodules
 from mcore_models.transformer.mlp import MLP, MLPSubmodules
 from mcore_models.transformer.packed_seq import PackedSeqParams
@@ -34,6 +35,8 @@ __all__ = [
     "GPTModel",
     "HFMapping",
     "InferenceContext",
+    "InferenceModel",
+    "KVCacheSpec",
     "LanguageModelEmbedding",
     "MLPSubmodules",
     "ModuleSpec",
@@ -54,4 +57,5 @@ __all__ = [
     "get_gpt_layer_te_spec",
     "hf_to_transformer_config",
     "import_hf_checkpoint",
+    "missing_inference_members",
 ]

@@ -13,9 +13,10 @@ from mcore_parallel import ProcessGroupCollection
 from ..config.transformer_config import TransformerConfig
 from ..models.gpt.model import GPTModel
 from ..transformer.process_groups import resolve_process_groups
-from .io import read_hf_config, read_hf_weights, write_hf_checkpoint
+from .io import read_hf_config, read_hf_generation_config, read_hf_weights, write_hf_checkpoint
 from .registry import mapping_for
 from .sharding import gather_full_state_dict, load_full_state_dict
+from .special_tokens import special_tokens_from_hf, special_tokens_to_hf
 
 
 def hf_to_transformer_config(hf_config: dict[str, Any], **overrides: Any) -> tuple[TransformerConfig, int]:
@@ -38,7 +39,9 @@ def import_hf_checkpoint(
     """Build a ``GPTModel`` from an HF checkpoint directory (``config.json`` + ``*.safetensors``).
 
     Every rank reads the files and keeps its tensor-parallel shard; the TP size is taken from the
-    process groups. The model is returned in eval mode and remembers its ``hf_model_type``.
+    process groups. The model is returned in eval mode and remembers its ``hf_model_type``. Its
+    ``bos_token_id``, ``eos_token_ids`` and ``pad_token_id`` come from ``generation_config.json``
+    when it names them, else ``config.json``, else the family's ``transformers`` default.
     """
     groups = resolve_process_groups(pg_collection)
     hf_config = read_hf_config(directory)
@@ -46,7 +49,10 @@ def import_hf_checkpoint(
         hf_config, tensor_model_parallel_size=dist.get_world_size(groups.tp), **config_overrides
     )
     mapping = mapping_for(hf_config["model_type"])
-    model = GPTModel(config, vocab_size, pg_collection=groups)
+    special_tokens = special_tokens_from_hf(
+        hf_config, read_hf_generation_config(directory), mapping.special_token_defaults
+    )
+    model = GPTModel(config, vocab_size, pg_collection=groups, **special_tokens)
     weights = {name: t.to(torch.float32) for name, t in read_hf_weights(directory).items()}
     load_full_state_dict(model, mapping.state_from_hf(weights, config), groups.tp)
     model.hf_model_type = mapping.model_type
@@ -55,7 +61,8 @@ def import_hf_checkpoint(
 
 def export_hf_checkpoint(model: GPTModel, directory: str | Path, model_type: str | None = None) -> None:
     """Write ``model`` as an HF checkpoint ``from_pretrained`` loads (collective over its TP group;
-    TP rank 0 writes). ``model_type`` defaults to the family the model was imported from."""
+    TP rank 0 writes). ``model_type`` defaults to the family the model was imported from. The
+    model's special token ids go into ``config.json`` and ``generation_config.json``."""
     model_type = model_type or getattr(model, "hf_model_type", None)
     if model_type is None:
         raise ValueError("model_type is required for a model that was not imported from Hugging Face")
@@ -66,6 +73,8 @@ def export_hf_checkpoint(model: GPTModel, directory: str | Path, model_type: str
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             model.config.params_dtype
         ]
+        special_tokens = special_tokens_to_hf(model)
         hf_config |= {"model_type": model_type, "architectures": [mapping.architecture], "dtype": dtype}
-        write_hf_checkpoint(directory, hf_config, mapping.state_to_hf(state, model.config))
+        weights = mapping.state_to_hf(state, model.config)
+        write_hf_checkpoint(directory, hf_config | special_tokens, weights, special_tokens)
     dist.barrier(group=model.tp_group)

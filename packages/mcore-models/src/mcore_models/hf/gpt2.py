@@ -39,6 +39,7 @@ class GPT2Mapping(HFMapping):
 
     model_type: ClassVar[str] = "gpt2"
     architecture: ClassVar[str] = "GPT2LMHeadModel"
+    special_token_defaults: ClassVar[dict[str, Any]] = {"bos_token_id": 50256, "eos_token_id": 50256}
 
     def config_from_hf(self, hf: dict[str, Any]) -> tuple[dict[str, Any], int]:
         act = hf.get("activation_function", "gelu_new")

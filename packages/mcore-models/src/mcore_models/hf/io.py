@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 WEIGHTS_NAME = "model.safetensors"
+GENERATION_CONFIG_NAME = "generation_config.json"
 
 
 def read_hf_config(directory: str | Path) -> dict[str, Any]:
@@ -18,6 +19,12 @@ def read_hf_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {directory}")
     return json.loads(path.read_text())
+
+
+def read_hf_generation_config(directory: str | Path) -> dict[str, Any]:
+    """The parsed ``generation_config.json`` of a checkpoint directory (``{}`` when it has none)."""
+    path = Path(directory) / GENERATION_CONFIG_NAME
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def read_hf_weights(directory: str | Path) -> dict[str, torch.Tensor]:
@@ -32,11 +39,16 @@ def read_hf_weights(directory: str | Path) -> dict[str, torch.Tensor]:
 
 
 def write_hf_checkpoint(
-    directory: str | Path, config: dict[str, Any], weights: dict[str, torch.Tensor]
+    directory: str | Path,
+    config: dict[str, Any],
+    weights: dict[str, torch.Tensor],
+    generation_config: dict[str, Any],
 ) -> None:
-    """Write ``config.json`` and one ``model.safetensors`` (tensors made contiguous and unshared)."""
+    """Write ``config.json``, ``generation_config.json`` and one ``model.safetensors`` (tensors
+    made contiguous and unshared)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().cpu().contiguous().clone() for name, t in weights.items()}
     save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for name, contents in (("config.json", config), (GENERATION_CONFIG_NAME, generation_config)):
+        (directory / name).write_text(json.dumps(contents, indent=2, sort_keys=True) + "\n")

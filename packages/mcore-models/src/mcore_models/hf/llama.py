@@ -19,6 +19,7 @@ class LlamaMapping(HFMapping):
 
     model_type: ClassVar[str] = "llama"
     architecture: ClassVar[str] = "LlamaForCausalLM"
+    special_token_defaults: ClassVar[dict[str, Any]] = {"bos_token_id": 1, "eos_token_id": 2}
     has_qk_norm: ClassVar[bool] = False
 
     # -- config --------------------------------------------------------------------------------

@@ -13,10 +13,13 @@ class HFMapping:
     """Converts one HF ``model_type`` to and from ``GPTModel``: config and full (TP=1) state dicts.
 
     Subclasses set ``model_type`` and ``architecture`` and implement the four conversions.
+    ``special_token_defaults`` holds the ``bos_token_id``/``eos_token_id``/``pad_token_id`` that
+    ``transformers`` assumes for the family when ``config.json`` omits them (absent: ``None``).
     """
 
     model_type: ClassVar[str]
     architecture: ClassVar[str]
+    special_token_defaults: ClassVar[dict[str, Any]] = {}
 
     def config_from_hf(self, hf: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """``TransformerConfig`` keyword arguments and the vocabulary size of an HF ``config.json``."""

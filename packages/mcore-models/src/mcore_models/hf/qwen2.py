@@ -14,6 +14,7 @@ class Qwen2Mapping(LayerTypeWindows, LlamaMapping):
 
     model_type: ClassVar[str] = "qwen2"
     architecture: ClassVar[str] = "Qwen2ForCausalLM"
+    special_token_defaults: ClassVar[dict[str, Any]] = {}
 
     def bias_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:
         return {"add_bias_linear": False, "add_qkv_bias": True}

@@ -15,6 +15,7 @@ class Qwen3Mapping(LayerTypeWindows, LlamaMapping):
 
     model_type: ClassVar[str] = "qwen3"
     architecture: ClassVar[str] = "Qwen3ForCausalLM"
+    special_token_defaults: ClassVar[dict[str, Any]] = {}
     has_qk_norm: ClassVar[bool] = True
 
     def bias_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:

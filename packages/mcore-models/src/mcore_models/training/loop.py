@@ -266,7 +266,7 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
         checkpointer.wait()  # an asynchronous save is complete and marked latest from here on
     if training.export_hf:
         exported = fsdp_full_model(model, model_config, groups) if training.fsdp else model.chunks[0]
-        _export_hf(exported, model, groups, training.export_hf)
+        _export_hf(exported, model, groups, training.export_hf, data.tokenizer)
     sample = None
     if training.sample_tokens:
         prompt = data.tokenizer.encode(training.sample_prompt)
@@ -374,12 +374,14 @@ def _log_grads(logger: DataGradientLogger, model) -> None:
         p.grad = None
 
 
-def _export_hf(exported, model, groups, directory: str) -> None:
-    """``exported`` (this rank's unsharded ``GPTModel``) as a Hugging Face Llama checkpoint."""
+def _export_hf(exported, model, groups, directory: str, tokenizer) -> None:
+    """``exported`` (this rank's unsharded ``GPTModel``) as a Hugging Face Llama checkpoint whose
+    eos and pad ids are the tokenizer's end-of-document and pad ids."""
     from ..hf.checkpoint import export_hf_checkpoint
 
     if len(model.chunks) != 1 or dist.get_world_size(groups.pp) != 1:
         raise ConfigError(["export_hf", "pipeline_model_parallel_size"], "Hugging Face export needs PP = 1")
+    exported.eos_token_ids, exported.pad_token_id = (tokenizer.eod_id,), tokenizer.pad_id
     if dist.get_rank(groups.dp) == 0:
         export_hf_checkpoint(exported, directory, model_type="llama")
     dist.barrier()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 from mcore_parallel import (
@@ -14,6 +16,7 @@ from mcore_parallel import (
 from ...config.transformer_config import TransformerConfig
 from ...transformer.block import TransformerBlock
 from ...transformer.inference_context import InferenceContext
+from ...transformer.inference_model import KVCacheSpec
 from ...transformer.init import init_method
 from ...transformer.packed_seq import PackedSeqParams, segments_from_position_ids
 from ...transformer.process_groups import resolve_process_groups
@@ -22,6 +25,7 @@ from ...transformer.spec import ModuleSpec
 from ...transformer.specs import get_gpt_layer_spec
 from ...transformer.yarn import YarnRotaryEmbedding
 from .embedding import LanguageModelEmbedding
+from .special_tokens import token_id, token_ids
 
 
 class GPTModel(torch.nn.Module):
@@ -37,6 +41,10 @@ class GPTModel(torch.nn.Module):
     With ``config.virtual_pipeline_model_parallel_size`` ``v``, a stage holds ``v`` chunks and
     ``vp_stage`` says which one this is: chunk ``c`` of stage ``s`` holds the layers of virtual
     stage ``c * pp + s`` (the interleaved schedule's order).
+
+    ``bos_token_id``, ``eos_token_ids`` and ``pad_token_id`` are the special token ids the model
+    was trained with (Hugging Face import reads them, export writes them); an inference engine
+    stops at ``eos_token_ids`` by default. The model implements ``InferenceModel``.
     """
 
     def __init__(
@@ -50,8 +58,14 @@ class GPTModel(torch.nn.Module):
         parallel_output: bool = True,
         pg_collection: ProcessGroupCollection | None = None,
         vp_stage: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int | None = None,
     ):
         super().__init__()
+        self.bos_token_id = token_id("bos_token_id", bos_token_id)
+        self.eos_token_ids = token_ids("eos_token_ids", eos_token_ids)
+        self.pad_token_id = token_id("pad_token_id", pad_token_id)
         groups = resolve_process_groups(pg_collection)
         self.tp_group = groups.tp
         tp_size = dist.get_world_size(self.tp_group)
@@ -113,6 +127,31 @@ class GPTModel(torch.nn.Module):
         """Hidden states ``[s, b, h]`` from the previous pipeline stage."""
         self.decoder.set_input_tensor(tensor)
 
+    @property
+    def hidden_size(self) -> int:
+        """Width of the hidden states between layers and pipeline stages."""
+        return self.config.hidden_size
+
+    @property
+    def max_sequence_length(self) -> int | None:
+        """``max_position_embeddings`` with learned absolute positions, else ``None`` (no limit)."""
+        if self.config.position_embedding_type == "learned_absolute":
+            return self.config.max_position_embeddings
+        return None
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """This stage's layers and this tensor-parallel rank's key/value heads."""
+        numbers = [layer.layer_number for layer in self.decoder.layers]
+        parameter = next(self.parameters())
+        return KVCacheSpec(
+            range(numbers[0], numbers[-1] + 1),
+            self.config.num_query_groups // dist.get_world_size(self.tp_group),
+            self.config.kv_channels,
+            parameter.dtype,
+            parameter.device,
+        )
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -130,7 +169,9 @@ class GPTModel(torch.nn.Module):
         new tokens with their ``position_ids``, attention runs over the context's cache, and the
         logits are those of the rows ``inference_context.logits_indices``."""
         if inference_context is not None:
-            return self._inference_forward(input_ids, position_ids, inference_context)
+            return self._inference_forward(
+                input_ids, position_ids, inference_context, None, gather=not self.parallel_output
+            )
         batch, seq_length = input_ids.shape
         segment_ids = None
         if packed_seq_params is not None:
@@ -154,12 +195,42 @@ class GPTModel(torch.nn.Module):
             logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
         return logits.transpose(0, 1).contiguous()
 
+    def inference_forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        inference_context: InferenceContext,
+        hidden_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``InferenceModel.inference_forward``: logits ``[k, vocab]`` over the full vocabulary
+        whatever ``parallel_output`` (last stage), else hidden states ``[t, 1, h]``.
+
+        ``hidden_states`` is required exactly on a stage without ``pre_process``. Raises
+        ``RuntimeError`` if the model or a submodule is in training mode (dropout would be on)."""
+        if any(module.training for module in self.modules()):
+            name = next(n for n, m in self.named_modules() if m.training) or "the model"
+            raise RuntimeError(f"inference_forward needs eval mode, but {name} is in training mode")
+        if (hidden_states is None) != self.pre_process:
+            raise ValueError(
+                f"hidden_states must be given exactly when pre_process is False (pre_process={self.pre_process})"
+            )
+        output = self._inference_forward(
+            input_ids, position_ids, inference_context, hidden_states, gather=True
+        )
+        return output[0] if self.post_process else output
+
     def _inference_forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, inference_context: InferenceContext
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        inference_context: InferenceContext,
+        hidden_states: torch.Tensor | None,
+        *,
+        gather: bool,
     ) -> torch.Tensor:
         if self.config.sequence_parallel:
             raise ValueError("inference_context does not support sequence_parallel=True")
-        hidden = self.embedding(input_ids, position_ids) if self.embedding is not None else None
+        hidden = self.embedding(input_ids, position_ids) if self.embedding is not None else hidden_states
         rotary = self.rotary_pos_emb(position_ids) if self.rotary_pos_emb is not None else None
         hidden = self.decoder(hidden, rotary, inference_context=inference_context)
         if not self.post_process:
@@ -167,6 +238,6 @@ class GPTModel(torch.nn.Module):
         if inference_context.logits_indices is not None:
             hidden = hidden[inference_context.logits_indices]
         logits, _ = self.output_layer(hidden)  # [k, 1, v / tp]
-        if not self.parallel_output:
+        if gather:
             logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
         return logits.transpose(0, 1)
