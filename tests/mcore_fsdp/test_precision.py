@@ -6,11 +6,13 @@ import copy
 import torch
 import torch.distributed as dist
 from mcore_fsdp import MixedPrecision, fully_shard
+from mcore_testing.peers import requires_fsdp2_on_cpu
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp import fully_shard as fsdp2_fully_shard
 
 
+@requires_fsdp2_on_cpu
 def test_bf16_params_fp32_reduce_match_fsdp2(run_distributed, tiny):
     """Oracle: FSDP2 with the same policy (bf16 parameters, fp32 gradient reduction)."""
 

@@ -57,7 +57,7 @@ def run_distributed(
     """Run ``body(*args, **kwargs)`` on ``world_size`` forked ranks and return their results.
 
     With ``init_process_group`` (the default) each rank joins a new default process group of
-    ``backend`` before ``body`` runs, and leaves it afterwards; without it, the ranks get the usual
+    ``backend`` before ``body`` runs (and exits with it, see ``_run_rank``); without it, the ranks get the usual
     ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` environment and set
     up the group themselves. Results come back in rank order and must be picklable.
 
@@ -156,12 +156,6 @@ class _Rendezvous:
             timeout=timedelta(seconds=self.timeout * 0.8),
         )
 
-    def leave(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
 
 class _Rank:
     """The parent's view of one forked rank."""
@@ -244,8 +238,12 @@ def _run_rank(
             faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
             try:
                 rendezvous.join(rank)
+                # The rank does not destroy its process group: it ends in os._exit, which frees it.
+                # Destroying a gloo group deadlocks in about one run in five on torch 2.6: the
+                # group's Python dealloc holds the GIL while it joins gloo's worker threads, and a
+                # worker freeing the last reference to a finished collective's tensor waits for
+                # the GIL (pytorch/pytorch#154976, June 2025, releases the GIL there).
                 result = body(*args, **kwargs)
-                rendezvous.leave()
                 # Plain pickle: tensors travel by value, not as shared memory that would vanish
                 # with this process.
                 sender.send_bytes(pickle.dumps(("ok", result)))

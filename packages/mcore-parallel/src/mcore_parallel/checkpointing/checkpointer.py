@@ -4,24 +4,56 @@ Layout under the save directory: ``iter_0000010/`` per checkpoint and ``latest_c
 A save writes into ``iter_0000010.inprogress/``; only when every rank has written does rank 0
 rename it to ``iter_0000010/`` and then replace the ``latest`` marker (write to a temporary file,
 then an atomic rename). A save that dies on the way leaves the previous checkpoint marked latest.
+
+``torch.distributed.checkpoint`` is imported when first used, not with this module: on torch 2.6 its
+import loads ``torch._dynamo`` and with it Triton, which ``import mcore_parallel`` must not do.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import shutil
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from ..config.checkpoint import CheckpointConfig
 from ..config.fields import ConfigError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 IN_PROGRESS_SUFFIX = ".inprogress"
+
+
+@functools.cache
+def _async_save_copies_cpu_tensors() -> bool:
+    """Whether ``torch.distributed.checkpoint.async_save`` writes a copy of CPU tensors taken when it
+    is called. Its stagers (the ``async_stager`` keyword) copy them; before those, torch staged the
+    state dict with ``tensor.to("cpu")``, which returns a CPU tensor itself, so the background
+    write would see what training changes meanwhile (torch 2.6)."""
+    import torch.distributed.checkpoint as dcp
+
+    return "async_stager" in inspect.signature(dcp.async_save).parameters
+
+
+def _copy_cpu_tensors(value: Any) -> Any:
+    """``value`` (nested dicts, lists, tuples) with its CPU tensors, DTensor shards included, copied;
+    tensors on a device are left as they are, since staging to the CPU copies them anyway."""
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    if isinstance(value, Stateful):
+        value = value.state_dict()
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone() if value.device.type == "cpu" else value
+    if isinstance(value, dict):
+        return {key: _copy_cpu_tensors(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_copy_cpu_tensors(item) for item in value)
+    return value
 
 
 def checkpoint_dir(directory: str | os.PathLike, iteration: int) -> Path:
@@ -74,21 +106,17 @@ class DistributedCheckpointer:
             shutil.rmtree(staging, ignore_errors=True)  # left behind by a crashed save
             staging.mkdir(parents=True)
         self._barrier()
+        import torch.distributed.checkpoint as dcp
+
+        # Without an initialized process group torch.distributed.checkpoint saves and loads in one
+        # process by itself; no ``no_dist=``, which older torch does not accept.
         if self.config.async_save:
-            future = dcp.async_save(
-                state_dict,
-                checkpoint_id=staging,
-                process_group=self._async_group,
-                no_dist=not self.distributed,
-            )
+            if not _async_save_copies_cpu_tensors():
+                state_dict = _copy_cpu_tensors(state_dict)
+            future = dcp.async_save(state_dict, checkpoint_id=staging, process_group=self._async_group)
             self._pending = (future, iteration)
         else:
-            dcp.save(
-                state_dict,
-                checkpoint_id=staging,
-                process_group=self.process_group,
-                no_dist=not self.distributed,
-            )
+            dcp.save(state_dict, checkpoint_id=staging, process_group=self.process_group)
             self._publish(iteration)
             self._barrier()
 
@@ -126,13 +154,10 @@ class DistributedCheckpointer:
         Raises:
             FileNotFoundError: there is no complete checkpoint to load.
         """
+        import torch.distributed.checkpoint as dcp
+
         iteration, directory = self._load_directory(iteration)
-        dcp.load(
-            state_dict,
-            checkpoint_id=directory,
-            process_group=self.process_group,
-            no_dist=not self.distributed,
-        )
+        dcp.load(state_dict, checkpoint_id=directory, process_group=self.process_group)
         return iteration
 
     def saved_keys(self, iteration: int | None = None) -> set[str]:
@@ -144,6 +169,8 @@ class DistributedCheckpointer:
         Raises:
             FileNotFoundError: there is no complete checkpoint to look at.
         """
+        import torch.distributed.checkpoint as dcp
+
         directory = self._load_directory(iteration)[1]
         return set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
 
