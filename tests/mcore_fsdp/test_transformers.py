@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from mcore_fsdp import fully_shard
 from mcore_testing.distributed import run_distributed
+from mcore_testing.peers import fsdp2_runs_on_cpu, requires_fsdp2_on_cpu
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard as fsdp2_fully_shard
 from torch.distributed.tensor import DTensor
@@ -68,6 +69,10 @@ STEPS = 8
 PER_RANK_BATCH = 2
 MAX_NORM = 1.0
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}  # as in test_exactness
+# Over 8 AdamW steps the optimizer amplifies rounding differences of the gradient reduction order
+# in a few elements: FSDP2 itself ends up ~2e-6 from one process in Qwen2's embedding. A parameter
+# that missed a single step (lr 1e-3) would be ~1e-3 off.
+PARAMETER_TOLERANCE_VS_ONE_PROCESS = {"rtol": 1e-5, "atol": 1e-5}
 # (strategy, outer strategy) trained on a 1-D mesh of 2 ranks and on a (2, 2) hybrid mesh.
 FLAT_RUNS = [
     (strategy, "no_shard") for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -117,10 +122,11 @@ def _plain_clip(model) -> None:
 
 
 def _train_per_layer(example, runs, mesh_shape):
-    """Train each family in one process, under FSDP2 and under each of ``runs`` (rank 0 returns
-    ``{(family, name): (losses, final parameters)}`` and each family's initial parameters)."""
+    """Train each family in one process, under FSDP2 (where it runs on CPU) and under each of
+    ``runs`` (rank 0 returns ``{(family, name): (losses, final parameters)}`` and each family's
+    initial parameters)."""
     names = ("shard",) if len(mesh_shape) == 1 else ("replicate", "shard")
-    peer_mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    peer_mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names) if fsdp2_runs_on_cpu() else None
     results = {}
     for family in FAMILIES:
         initial = _build(example, family)
@@ -128,13 +134,14 @@ def _train_per_layer(example, runs, mesh_shape):
         reference = copy.deepcopy(initial)
         losses = _train(example, reference, _plain_clip, True)
         results[(family, "one process")] = (losses, _detached(reference.state_dict()))
-        peer = _shard_per_layer(copy.deepcopy(initial), fsdp2_fully_shard, mesh=peer_mesh)
-        losses = _train(example, peer, _plain_clip, False)
-        full = {
-            key: value.full_tensor() if isinstance(value, DTensor) else value
-            for key, value in peer.state_dict().items()
-        }
-        results[(family, "fsdp2")] = (losses, _detached(full))
+        if fsdp2_runs_on_cpu():
+            peer = _shard_per_layer(copy.deepcopy(initial), fsdp2_fully_shard, mesh=peer_mesh)
+            losses = _train(example, peer, _plain_clip, False)
+            full = {
+                key: value.full_tensor() if isinstance(value, DTensor) else value
+                for key, value in peer.state_dict().items()
+            }
+            results[(family, "fsdp2")] = (losses, _detached(full))
         for strategy, outer in runs:
             ours = _shard_per_layer(
                 copy.deepcopy(initial), fully_shard, mesh=mesh_shape, strategy=strategy, outer_strategy=outer
@@ -163,30 +170,32 @@ ALL_RUNS = [("flat", *run) for run in FLAT_RUNS] + [("hybrid", *run) for run in 
 @pytest.mark.distributed
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(("mesh", "strategy", "outer"), ALL_RUNS)
-def test_per_layer_calls_train_like_one_process_and_fsdp2(per_layer_runs, family, mesh, strategy, outer):
-    """Losses step for step and final parameters. Over 8 AdamW steps the optimizer amplifies
-    rounding differences of the gradient reduction order in a few elements (FSDP2 itself ends
-    up to ~2e-6 from one process in Qwen2's embedding), so against one process the parameters
-    may be as far off as FSDP2's are."""
+def test_per_layer_calls_train_like_one_process(per_layer_runs, family, mesh, strategy, outer):
+    """Losses step for step and final parameters against the model trained in one process."""
     results = per_layer_runs[mesh]
     losses, params = results[(family, f"{strategy}/{outer}")]
     single_losses, single = results[(family, "one process")]
-    peer_losses, peer = results[(family, "fsdp2")]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(single_losses), **TOLERANCE)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(peer_losses), **TOLERANCE)
-    assert params.keys() == single.keys() == peer.keys()
+    assert params.keys() == single.keys()
     for key, value in params.items():
         torch.testing.assert_close(
-            value, peer[key], **TOLERANCE, msg=lambda m, key=key: f"vs FSDP2, {key}: {m}"
+            value, single[key], **PARAMETER_TOLERANCE_VS_ONE_PROCESS, msg=lambda m, key=key: f"{key}: {m}"
         )
-        peer_error = (peer[key] - single[key]).abs().max().item()
-        torch.testing.assert_close(
-            value,
-            single[key],
-            rtol=TOLERANCE["rtol"],
-            atol=max(TOLERANCE["atol"], peer_error),
-            msg=lambda m, key=key: f"vs one process, {key}: {m}",
-        )
+
+
+@requires_fsdp2_on_cpu
+@pytest.mark.distributed
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(("mesh", "strategy", "outer"), ALL_RUNS)
+def test_per_layer_calls_train_like_fsdp2(per_layer_runs, family, mesh, strategy, outer):
+    """Losses step for step and final parameters against FSDP2 sharded with the same calls."""
+    results = per_layer_runs[mesh]
+    losses, params = results[(family, f"{strategy}/{outer}")]
+    peer_losses, peer = results[(family, "fsdp2")]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(peer_losses), **TOLERANCE)
+    assert params.keys() == peer.keys()
+    for key, value in params.items():
+        torch.testing.assert_close(value, peer[key], **TOLERANCE, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.distributed
