@@ -124,6 +124,39 @@ def _rows(mask: list[bool], device: torch.device) -> slice | torch.Tensor:
     return torch.tensor([i for i, m in enumerate(mask) if m], device=device)
 
 
+def _parameter_columns(
+    params: Sequence[SamplingParams],
+    vocab: int,
+    outputs: Sequence[Sequence[int]],
+    generator: torch.Generator | None,
+    with_uniforms: bool,
+    device: torch.device,
+) -> tuple[torch.Tensor, ...]:
+    """Per-row ``[R]`` tensors on ``device``, copied there in one transfer: temperature (1 for
+    greedy rows), top_k (vocabulary size = off), top_p, min_p, the presence, frequency and
+    repetition penalties, and (float64) the uniform numbers of the draws if ``with_uniforms``."""
+    table = torch.tensor(
+        [
+            (
+                p.temperature if p.temperature > 0 else 1.0,
+                p.top_k or vocab,
+                p.top_p,
+                p.min_p,
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+            )
+            for p in params
+        ],
+        dtype=torch.float64,
+    )
+    if with_uniforms:
+        uniforms = _uniforms(params, [len(o) for o in outputs], generator)
+        table = torch.cat([table, uniforms.unsqueeze(1)], dim=1)
+    table = table.to(device, non_blocking=True)
+    return (*table[:, :7].float().unbind(1), *table[:, 7:].unbind(1))
+
+
 @internal_api
 def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """``logits [R, V]`` divided by each row's temperature, with the tokens that its ``top_k``,
@@ -158,29 +191,11 @@ def sample(
     device, vocab, count = logits.device, logits.shape[-1], len(params)
     raw = logits.float()
     outputs = output_tokens if output_tokens is not None else [()] * count
-    table = torch.tensor(
-        [
-            (
-                p.temperature if p.temperature > 0 else 1.0,
-                p.top_k or vocab,
-                p.top_p,
-                p.min_p,
-                p.presence_penalty,
-                p.frequency_penalty,
-                p.repetition_penalty,
-            )
-            for p in params
-        ],
-        dtype=torch.float64,
-    )
     sampled = [not p.greedy for p in params]
-    if any(sampled):
-        table = torch.cat([table, _uniforms(params, [len(o) for o in outputs], generator).unsqueeze(1)], 1)
-    table = table.to(device, non_blocking=True)
-    columns = table.float().unbind(1)
-
     penalised = [p.has_penalties for p in params]
     scored = raw
+    if any(sampled) or any(penalised):
+        columns = _parameter_columns(params, vocab, outputs, generator, any(sampled), device)
     if any(penalised):
         rows = _rows(penalised, device)
         chosen = [i for i, m in enumerate(penalised) if m]
@@ -198,7 +213,7 @@ def sample(
         temperature, top_k, top_p, min_p = (columns[c][rows].unsqueeze(1) for c in range(4))
         sort = any(p.top_k or p.top_p < 1.0 for p, s in zip(params, sampled, strict=True) if s)
         filtered, order = _filter(scored[rows] / temperature, top_k, top_p, min_p, sort)
-        drawn = _draw(filtered, order, table[:, 7][rows])
+        drawn = _draw(filtered, order, columns[7][rows])
         tokens = tokens.index_copy(0, rows, drawn) if isinstance(rows, torch.Tensor) else drawn
 
     token_list = tokens.tolist()
