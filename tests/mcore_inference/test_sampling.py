@@ -23,10 +23,10 @@ def test_sample_mixes_greedy_and_seeded_rows_and_reports_untempered_logprobs():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     params = [
         SamplingParams(temperature=0.0, top_n_logprobs=3),
-        SamplingParams(temperature=5.0, seed=1),
-        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=5.0, seed=1, logprobs=True),
+        SamplingParams(temperature=1.0, top_k=1, logprobs=True),
     ]
-    draw = lambda: sample(logits, params, [None, torch.Generator().manual_seed(1), torch.Generator()])  # noqa: E731
+    draw = lambda: sample(logits, params, torch.Generator())  # noqa: E731
     out = draw()
     assert out.tokens[0] == int(logits[0].argmax()) and out.tokens[2] == int(logits[2].argmax())
     assert draw().tokens == out.tokens  # the seeded row repeats
@@ -45,7 +45,7 @@ def test_sampled_frequencies_follow_the_filtered_distribution():
     generator = torch.Generator().manual_seed(0)
     counts = torch.zeros(4)
     for _ in range(2000):
-        counts[sample(logits, params, [generator]).tokens[0]] += 1
+        counts[sample(logits, params, generator).tokens[0]] += 1
     torch.testing.assert_close(counts / 2000, torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95, atol=0.04, rtol=0)
 
 

@@ -272,7 +272,7 @@ class DynamicInferenceEngine:
         self, chunks: Sequence[ScheduledChunk], logits: torch.Tensor, logits_slices: Sequence[slice]
     ) -> list[Request]:
         finished: list[Request] = []
-        to_sample: list[tuple[Request, torch.Tensor]] = []
+        to_sample: list[tuple[Request, int]] = []
         for chunk, rows in zip(chunks, logits_slices, strict=True):
             request = chunk.request
             if chunk.logits == "all":
@@ -285,16 +285,11 @@ class DynamicInferenceEngine:
                 self._complete(request, "length")  # nothing to generate (num_tokens_to_generate=0)
                 finished.append(request)
             else:
-                to_sample.append((request, logits[rows.stop - 1]))
+                to_sample.append((request, rows.stop - 1))
         if not to_sample:
             return finished
         requests = [r for r, _ in to_sample]
-        sampled = sample(
-            torch.stack([row for _, row in to_sample]),
-            [r.sampling_params for r in requests],
-            [r.generator for r in requests],
-        )
-        sampled = self._agree_on_samples(sampled)
+        sampled = self._agree_on_samples(self._sample(requests, logits, [row for _, row in to_sample]))
         tokens = sampled.tokens
         now = time.time()
         for i, request in enumerate(requests):
@@ -315,6 +310,19 @@ class DynamicInferenceEngine:
                 self._complete(request, reason, [token])
                 finished.append(request)
         return finished
+
+    def _sample(
+        self, requests: Sequence[Request], logits: torch.Tensor, rows: Sequence[int]
+    ) -> SampledTokens:
+        """Next token of each of ``requests`` from its row of ``logits``, in one batched call:
+        seeded requests draw from their seed, the others from the engine's generator."""
+        return sample(
+            logits[torch.tensor(rows, device=logits.device)],
+            [r.sampling_params for r in requests],
+            self._generator,
+            prompt_tokens=[r.prompt_tokens for r in requests],
+            output_tokens=[r.generated_tokens for r in requests],
+        )
 
     def _agree_on_samples(self, sampled: SampledTokens) -> SampledTokens:
         """The tokens and their log-probabilities of the first tensor-parallel rank of the last

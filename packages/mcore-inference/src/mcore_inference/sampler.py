@@ -1,4 +1,15 @@
-"""Sampling the next token of each request in a batch, each with its own parameters."""
+"""Sampling the next token of each request in a batch, each with its own parameters, in batched
+tensor ops on the logits' device.
+
+One step: the per-row parameters go to the device as one small table; penalties (only if a row
+asks) change the logits; one ``argmax`` gives every greedy row's token; the sampled rows are
+filtered together (temperature, then ``top_k``/``top_p``/``min_p``, sorting only if a row uses
+``top_k`` or ``top_p``) and each draws by inverting its filtered distribution's cumulative sum at
+one uniform number. A seeded row's number is a hash of (seed, how many tokens it generated), so it
+does not depend on what the row is batched with; the other rows' numbers are one draw from the
+engine's generator. Log-probabilities are computed only for the rows that ask for them. The host
+reads the tokens back once (and the log-probabilities once, if asked).
+"""
 
 from __future__ import annotations
 
@@ -8,67 +19,229 @@ from dataclasses import dataclass
 import torch
 from mcore_api import internal_api
 
+from .penalties import apply_penalties, token_counts
 from .sampling_params import SamplingParams
+
+_MASK32 = 0xFFFFFFFF
 
 
 @internal_api
 @dataclass
 class SampledTokens:
     """The sampled token of each row, its log-probability and the top-n log-probabilities
-    (both under the model's distribution before temperature)."""
+    (both under the model's distribution before penalties and temperature; ``nan`` and ``{}``
+    for a row that asked for neither ``logprobs`` nor ``top_n_logprobs``)."""
 
     tokens: list[int]
     logprobs: list[float]
     top_logprobs: list[dict[int, float]]
 
 
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """``x * constant mod 2**32`` for ``x`` in ``[0, 2**32)``, in 16-bit halves: no int64 overflow."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit bijective integer hash (C. Wellons' ``lowbias32``)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seeded_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A uniform number in ``[0, 1)`` (float64) for each ``(seed, position)`` pair of int64 CPU
+    tensors: a pure function of the pair, the same on every device and in every batch."""
+    h = _mix32((seeds & _MASK32) ^ 0x9E3779B9)
+    h = _mix32(h ^ (seeds >> 32))
+    h = _mix32(h ^ (positions & _MASK32))
+    high = _mix32(h ^ 0x85EBCA6B)
+    low = _mix32(high ^ 0xC2B2AE35)
+    return ((high >> 5) * 2**26 + (low >> 6)).double() / 2**53
+
+
+def _uniforms(
+    params: Sequence[SamplingParams], positions: Sequence[int], generator: torch.Generator | None
+) -> torch.Tensor:
+    """One uniform number per row (float64, CPU): seeded rows hash (seed, position), the others
+    share one draw from ``generator``."""
+    seeded = [i for i, p in enumerate(params) if p.seed is not None]
+    uniforms = torch.empty(len(params), dtype=torch.float64)
+    if len(seeded) < len(params):
+        unseeded = torch.ones(len(params), dtype=torch.bool)
+        unseeded[seeded] = False
+        uniforms[unseeded] = torch.rand(len(params) - len(seeded), dtype=torch.float64, generator=generator)
+    if seeded:
+        seeds = torch.tensor([params[i].seed for i in seeded])
+        steps = torch.tensor([positions[i] for i in seeded])
+        uniforms[seeded] = seeded_uniforms(seeds, steps)
+    return uniforms
+
+
+def _filter(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, sort: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``scaled [r, V]`` (already divided by temperature) with the tokens that ``top_k [r, 1]``
+    (vocabulary size = off), ``top_p`` and ``min_p`` exclude set to ``-inf``: sorted in descending
+    order, with the sort's ``order``, when ``sort`` (needed for ``top_k``/``top_p``); in vocabulary
+    order, with ``None``, otherwise (``min_p`` needs only the maximum)."""
+    if not sort:
+        probs = torch.softmax(scaled, dim=-1)
+        remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+        return scaled.masked_fill(remove, float("-inf")), None
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(scaled.shape[-1], device=scaled.device)
+    remove = ranks >= top_k
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # the most likely token always stays
+    remove |= (mass_before >= top_p) & (top_p < 1)  # 1 = off, even where float sums reach 1 early
+    remove |= probs < min_p * probs[:, :1]
+    return sorted_logits.masked_fill(remove, float("-inf")), order
+
+
+def _draw(filtered: torch.Tensor, order: torch.Tensor | None, uniforms: torch.Tensor) -> torch.Tensor:
+    """Token id of each row of ``filtered [r, V]`` (``-inf`` = excluded; ``order`` maps columns
+    to token ids, ``None`` = identity) at the quantile ``uniforms [r]`` of its distribution."""
+    cdf = torch.softmax(filtered, dim=-1).cumsum(dim=-1, dtype=torch.float64)
+    targets = uniforms.unsqueeze(1) * cdf[:, -1:]
+    column = torch.searchsorted(cdf, targets, right=True).squeeze(1)
+    most_likely = filtered.argmax(dim=-1)  # where rounding puts the target at the very end
+    column = torch.where(column < filtered.shape[-1], column, most_likely)
+    if order is None:
+        return column
+    return order.gather(1, column.unsqueeze(1)).squeeze(1)
+
+
+def _rows(mask: list[bool], device: torch.device) -> slice | torch.Tensor:
+    """Index of the rows where ``mask`` holds: a slice when it is all of them."""
+    if all(mask):
+        return slice(None)
+    return torch.tensor([i for i, m in enumerate(mask) if m], device=device)
+
+
+def _parameter_columns(
+    params: Sequence[SamplingParams],
+    vocab: int,
+    outputs: Sequence[Sequence[int]],
+    generator: torch.Generator | None,
+    with_uniforms: bool,
+    device: torch.device,
+) -> tuple[torch.Tensor, ...]:
+    """Per-row ``[R]`` tensors on ``device``, copied there in one transfer: temperature (1 for
+    greedy rows), top_k (vocabulary size = off), top_p, min_p, the presence, frequency and
+    repetition penalties, and (float64) the uniform numbers of the draws if ``with_uniforms``."""
+    table = torch.tensor(
+        [
+            (
+                p.temperature if p.temperature > 0 else 1.0,
+                p.top_k or vocab,
+                p.top_p,
+                p.min_p,
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+            )
+            for p in params
+        ],
+        dtype=torch.float64,
+    )
+    if with_uniforms:
+        uniforms = _uniforms(params, [len(o) for o in outputs], generator)
+        table = torch.cat([table, uniforms.unsqueeze(1)], dim=1)
+    table = table.to(device, non_blocking=True)
+    return (*table[:, :7].float().unbind(1), *table[:, 7:].unbind(1))
+
+
 @internal_api
 def filter_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """``logits [R, V]`` divided by each row's temperature, with the tokens that its ``top_k``,
     ``top_p`` and ``min_p`` exclude set to ``-inf`` (rows must not be greedy)."""
-    device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-    scaled = logits.float() / temperature
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=device)
-    top_k = torch.tensor([p.top_k or vocab for p in params], device=device).unsqueeze(1)
-    remove = ranks >= top_k
-    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
-    mass_before = probs.cumsum(dim=-1) - probs  # the most likely token always stays
-    remove |= mass_before >= top_p
-    min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
-    remove |= probs < min_p * probs[:, :1]
-    filtered = torch.full_like(scaled, float("-inf"))
-    return filtered.scatter(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    table = torch.tensor(
+        [(p.temperature, p.top_k or vocab, p.top_p, p.min_p) for p in params], dtype=torch.float64
+    ).to(logits.device)
+    temperature, top_k, top_p, min_p = (column.unsqueeze(1) for column in table.float().unbind(1))
+    scaled = logits.float() / temperature
+    filtered, order = _filter(scaled, top_k, top_p, min_p, sort=True)
+    return torch.full_like(scaled, float("-inf")).scatter(1, order, filtered)
 
 
 @internal_api
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator],
+    generator: torch.Generator | None = None,
+    *,
+    prompt_tokens: Sequence[Sequence[int]] | None = None,
+    output_tokens: Sequence[Sequence[int]] | None = None,
 ) -> SampledTokens:
-    """Next token of each row of ``logits [R, V]``: the argmax for ``temperature == 0``, else a
-    draw from the filtered distribution with that row's generator."""
-    logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    tokens = logits.argmax(dim=-1)
-    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if sampled_rows:
-        rows = torch.tensor(sampled_rows, device=logits.device)
-        probs = torch.softmax(filter_logits(logits[rows], [params[i] for i in sampled_rows]), dim=-1).cpu()
-        for j, i in enumerate(sampled_rows):
-            tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i]).item()
+    """Next token of each row of ``logits [R, V]``, in batched ops on ``logits``' device.
+
+    Penalties first (``output_tokens``, the tokens each row generated so far, and
+    ``prompt_tokens`` are needed only by rows with penalties), then the argmax for
+    ``temperature == 0``, else a draw from the filtered distribution. A row with a ``seed`` draws
+    the same token for the same logits and ``len(output_tokens[i])`` whatever its batch; the
+    other rows take one batched draw from ``generator`` (CPU; default: torch's global one).
+    """
+    device, vocab, count = logits.device, logits.shape[-1], len(params)
+    raw = logits.float()
+    outputs = output_tokens if output_tokens is not None else [()] * count
+    sampled = [not p.greedy for p in params]
+    penalised = [p.has_penalties for p in params]
+    scored = raw
+    if any(sampled) or any(penalised):
+        columns = _parameter_columns(params, vocab, outputs, generator, any(sampled), device)
+    if any(penalised):
+        rows = _rows(penalised, device)
+        chosen = [i for i, m in enumerate(penalised) if m]
+        prompts = prompt_tokens if prompt_tokens is not None else [()] * count
+        counts = token_counts([outputs[i] for i in chosen], vocab, device)
+        repeats = [prompts[i] if params[i].repetition_penalty != 1.0 else () for i in chosen]
+        prompt_mask = token_counts(repeats, vocab, device) > 0
+        presence, frequency, repetition = (columns[c][rows] for c in (4, 5, 6))
+        scored = raw.clone()
+        scored[rows] = apply_penalties(raw[rows], counts, prompt_mask, presence, frequency, repetition)
+
+    tokens = scored.argmax(dim=-1)  # every greedy row's token
+    if any(sampled):
+        rows = _rows(sampled, device)
+        temperature, top_k, top_p, min_p = (columns[c][rows].unsqueeze(1) for c in range(4))
+        sort = any(p.top_k or p.top_p < 1.0 for p, s in zip(params, sampled, strict=True) if s)
+        filtered, order = _filter(scored[rows] / temperature, top_k, top_p, min_p, sort)
+        drawn = _draw(filtered, order, columns[7][rows])
+        tokens = tokens.index_copy(0, rows, drawn) if isinstance(rows, torch.Tensor) else drawn
+
     token_list = tokens.tolist()
-    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-    top_logprobs: list[dict[int, float]] = []
-    for i, p in enumerate(params):
-        if p.top_n_logprobs:
-            values, indices = logprobs[i].topk(p.top_n_logprobs)
-            top_logprobs.append(dict(zip(indices.tolist(), values.tolist(), strict=True)))
-        else:
-            top_logprobs.append({})
-    return SampledTokens(token_list, chosen, top_logprobs)
+    logprobs, top_logprobs = _logprobs(raw, tokens, params)
+    return SampledTokens(token_list, logprobs, top_logprobs)
+
+
+def _logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, params: Sequence[SamplingParams]
+) -> tuple[list[float], list[dict[int, float]]]:
+    """The chosen tokens' and the top-n log-probabilities of the rows that ask for them, from one
+    ``log_softmax`` over those rows only."""
+    asking = [p.logprobs or p.top_n_logprobs > 0 for p in params]
+    chosen: list[float] = [float("nan")] * len(params)
+    top: list[dict[int, float]] = [{} for _ in params]
+    if not any(asking):
+        return chosen, top
+    indices = [i for i, a in enumerate(asking) if a]
+    rows = _rows(asking, logits.device)
+    logprobs = torch.log_softmax(logits[rows], dim=-1)
+    values = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
+    for i, value in zip(indices, values, strict=True):
+        chosen[i] = value
+    widest = max(params[i].top_n_logprobs for i in indices)
+    if widest:
+        best = logprobs.topk(widest, dim=-1)
+        for i, ids, lps in zip(indices, best.indices.tolist(), best.values.tolist(), strict=True):
+            n = params[i].top_n_logprobs
+            if n:
+                top[i] = dict(zip(ids[:n], lps[:n], strict=True))
+    return chosen, top

@@ -23,6 +23,13 @@ class SamplingParams:
     Log-probabilities are those of the model's distribution before temperature and filters:
     ``logprobs`` records the sampled token's, ``top_n_logprobs`` the ``n`` most likely tokens' at
     each step, ``prompt_logprobs`` each prompt token's given the tokens before it.
+
+    Penalties, as in vLLM and the OpenAI API, change the logits before temperature and filters
+    (greedy rows too): ``repetition_penalty`` (> 0, 1 = off) divides the positive and multiplies
+    the negative logits of every token in the prompt or the output so far; ``frequency_penalty``
+    (in [-2, 2], 0 = off) is subtracted once per occurrence of a token in the output so far and
+    ``presence_penalty`` (in [-2, 2], 0 = off) once for any occurrence. Positive values discourage
+    repetition. Log-probabilities stay those of the model, before penalties.
     """
 
     temperature: float = 1.0
@@ -38,11 +45,19 @@ class SamplingParams:
     logprobs: bool = False
     top_n_logprobs: int = 0
     prompt_logprobs: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     @property
     def greedy(self) -> bool:
         """Whether ``temperature`` is 0 (argmax decoding)."""
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether a presence, frequency or repetition penalty is on."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self, vocab_size: int) -> None:
         """Raise ``InvalidRequestError`` naming the first field outside its allowed range."""
@@ -72,6 +87,14 @@ class SamplingParams:
         if not 0 <= self.top_n_logprobs <= vocab_size:
             raise InvalidRequestError(
                 "top_n_logprobs", f"must be in [0, {vocab_size}], got {self.top_n_logprobs}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise InvalidRequestError(name, f"must be in [-2, 2] (0 = off), got {value}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InvalidRequestError(
+                "repetition_penalty", f"must be a finite number > 0 (1 = off), got {self.repetition_penalty}"
             )
 
     def max_total_length(self, prompt_length: int) -> int:
