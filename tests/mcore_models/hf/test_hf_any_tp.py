@@ -109,19 +109,26 @@ def test_padded_vocab_and_replicated_kv_heads(
 
 
 def test_padded_logits_are_minus_inf_in_the_shards(hf_checkpoints, run_distributed, model_parallel):
-    """The vocab-parallel logits of the padded ids are -inf (never sampled, no loss mass)."""
+    """The vocab-parallel logits of the padded ids are -inf (never sampled, no loss mass); the
+    loss's gradients are finite and zero on the padded output rows, which so stay zero."""
     directory, ids, _ = hf_checkpoints("llama-untied")
 
     def body():
         model = import_hf_checkpoint(directory, pg_collection=model_parallel(4))
         with torch.no_grad():
-            return model(ids).numpy()
+            logits = model(ids)
+        model(ids, labels=torch.roll(ids, -1, dims=1)).sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        rows = model.output_layer.weight.grad[VOCAB - 16 * torch.distributed.get_rank() :]  # padded
+        finite = all(torch.isfinite(g).all() for g in grads)
+        return logits.numpy(), finite, rows.abs().max().item() if rows.numel() else 0.0
 
-    shards = [torch.from_numpy(s) for s in run_distributed(body, 4, timeout=90)]
-    full = torch.cat(shards, dim=-1)  # [b, s, 64]
+    results = run_distributed(body, 4, timeout=90)
+    full = torch.cat([torch.from_numpy(r[0]) for r in results], dim=-1)  # [b, s, 64]
     assert full.shape[-1] == 64
     assert torch.isfinite(full[..., :VOCAB]).all()
     assert torch.isneginf(full[..., VOCAB:]).all()
+    assert all(finite and padded_grad == 0.0 for _, finite, padded_grad in results)
 
 
 def test_make_vocab_size_divisible_by_pads_further(hf_checkpoints, run_distributed, model_parallel):

@@ -125,6 +125,8 @@ def export_hf_checkpoint(
     mapping = mapping_for(model_type)
     config = model.config
     hf_config = mapping.config_to_hf(config, model.vocab_size)  # validate before communicating
+    if num_key_value_heads is not None and num_key_value_heads < 1:
+        raise ValueError(f"num_key_value_heads must be >= 1, got {num_key_value_heads}")
     kv_heads = (
         num_key_value_heads or getattr(model, "hf_num_key_value_heads", None) or config.num_query_groups
     )

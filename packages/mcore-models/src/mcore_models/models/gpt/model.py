@@ -34,9 +34,10 @@ class GPTModel(torch.nn.Module):
     ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
     final norm and output layer; a stage without the embedding takes its input through
     ``set_input_tensor``. Layers of this stage are split evenly over the pipeline group of
-    ``pg_collection`` (or the global groups). ``forward`` returns logits ``[b, s, vocab / tp]``
-    (the full vocabulary when ``parallel_output=False``), per-token losses ``[b, s]`` when
-    ``labels`` are given, or the hidden states ``[s, b, h]`` on a stage without ``post_process``.
+    ``pg_collection`` (or the global groups). ``forward`` returns logits
+    ``[b, s, padded_vocab_size / tp]`` (exactly the ``vocab_size`` ids when
+    ``parallel_output=False``), per-token losses ``[b, s]`` when ``labels`` are given, or the
+    hidden states ``[s, b, h]`` on a stage without ``post_process``.
 
     The embedding and output layer have ``padded_vocab_size`` rows
     (``config.padded_vocab_size(vocab_size)``: a multiple of the TP size times
