@@ -5,7 +5,7 @@ Oracle: random-weight ``transformers`` models (fp32, eager attention) whose voca
 size > 1 divides and with a single KV head, imported at TP=1, 2 and 4. Logits over the real
 vocabulary equal HF's (max abs error <= 1e-4, the parity tolerance of ``test_hf_parity``), the
 per-token loss equals ``cross_entropy`` of HF's logits, and export writes back exactly the
-original tensors and shapes. Llama untied and tied, Qwen2 (q/k/v biases).
+original tensors and shapes. Llama untied and tied, Qwen2 (q/k/v biases), Qwen3 (qk-norm).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ CASES = {
     "llama-untied": ("LlamaConfig", _TINY),
     "llama-tied": ("LlamaConfig", _TINY | {"tie_word_embeddings": True}),
     "qwen2": ("Qwen2Config", _TINY),
+    "qwen3-qknorm": ("Qwen3Config", _TINY | {"head_dim": 8}),
 }
 
 
