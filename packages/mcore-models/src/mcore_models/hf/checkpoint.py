@@ -83,7 +83,7 @@ def import_hf_checkpoint(
     model = GPTModel(config, vocab_size, pg_collection=groups, **special_tokens)
     weights = {name: t.to(torch.float32) for name, t in read_hf_weights(directory).items()}
     hf_kv_heads = hf_config.get("num_key_value_heads") or config.num_attention_heads
-    if config.num_query_groups != hf_kv_heads:
+    if config.num_query_groups > hf_kv_heads:
         weights = replicate_kv_heads(weights, config.num_query_groups // hf_kv_heads, config.kv_channels)
     state = mapping.state_from_hf(weights, config)
     for name in _VOCAB_ROWS:
