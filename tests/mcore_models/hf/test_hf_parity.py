@@ -85,25 +85,9 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def hf_checkpoints(tmp_path_factory):
+def hf_checkpoints(hf_checkpoint_cache):
     """Per case: (directory of the saved HF model, input ids, HF logits); built once per module."""
-    built = {}
-
-    def get(case: str):
-        if case not in built:
-            config_class, kwargs = CASES[case]
-            config = getattr(transformers, config_class)(**kwargs)
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-            directory = tmp_path_factory.mktemp(case)
-            model.save_pretrained(directory)
-            ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
-            with torch.no_grad():
-                logits = model(ids).logits
-            built[case] = (directory, ids, logits)
-        return built[case]
-
-    return get
+    return hf_checkpoint_cache(CASES, VOCAB, SEQ)
 
 
 def _hf_logits(directory, ids):

@@ -105,6 +105,12 @@ class TransformerConfig(ModelParallelConfig):
         None, minimum=0.0, help="Scale of the attention scores. Default: 1 / sqrt(kv_channels)."
     )
     # -- embeddings, dropout, init -----------------------------------------------------------
+    make_vocab_size_divisible_by: int = config_field(
+        1,
+        minimum=1,
+        help="Pad the vocabulary to a multiple of this times the tensor-parallel size (Megatron uses "
+        "128); padded ids are never predicted. Default 1: pad only when TP does not divide it.",
+    )
     share_embeddings_and_output_weights: bool = config_field(
         False, help="Tie the output layer's weight to the input embedding."
     )
@@ -199,6 +205,12 @@ class TransformerConfig(ModelParallelConfig):
                 ["window_attn_skip_freq", "num_layers"],
                 f"a per-layer pattern needs num_layers ({self.num_layers}) values, each 0 or 1; got {pattern}",
             )
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        """``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by`` times
+        ``tensor_model_parallel_size`` (the rows of the embedding and output layer)."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
+        return -(-vocab_size // multiple) * multiple
 
     @property
     def gated_linear_unit(self) -> bool:

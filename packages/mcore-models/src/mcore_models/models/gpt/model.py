@@ -34,9 +34,16 @@ class GPTModel(torch.nn.Module):
     ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
     final norm and output layer; a stage without the embedding takes its input through
     ``set_input_tensor``. Layers of this stage are split evenly over the pipeline group of
-    ``pg_collection`` (or the global groups). ``forward`` returns logits ``[b, s, vocab / tp]``
-    (the full vocabulary when ``parallel_output=False``), per-token losses ``[b, s]`` when
-    ``labels`` are given, or the hidden states ``[s, b, h]`` on a stage without ``post_process``.
+    ``pg_collection`` (or the global groups). ``forward`` returns logits
+    ``[b, s, padded_vocab_size / tp]`` (exactly the ``vocab_size`` ids when
+    ``parallel_output=False``), per-token losses ``[b, s]`` when ``labels`` are given, or the
+    hidden states ``[s, b, h]`` on a stage without ``post_process``.
+
+    The embedding and output layer have ``padded_vocab_size`` rows
+    (``config.padded_vocab_size(vocab_size)``: a multiple of the TP size times
+    ``config.make_vocab_size_divisible_by``). The padded ids are never predicted: their logits are
+    ``-inf`` in a vocab-parallel shard (so the loss ignores them) and are cut off from the full
+    logits, which always have exactly ``vocab_size`` columns.
 
     With ``config.virtual_pipeline_model_parallel_size`` ``v``, a stage holds ``v`` chunks and
     ``vp_stage`` says which one this is: chunk ``c`` of stage ``s`` holds the layers of virtual
@@ -76,6 +83,7 @@ class GPTModel(torch.nn.Module):
             )
         self.config = config
         self.vocab_size = vocab_size
+        self.padded_vocab_size = config.padded_vocab_size(vocab_size)
         self.pre_process = pre_process
         self.post_process = post_process
         self.parallel_output = parallel_output
@@ -95,7 +103,9 @@ class GPTModel(torch.nn.Module):
         virtual_stage = (vp_stage or 0) * pp_size + pp_rank
 
         self.embedding = (
-            LanguageModelEmbedding(config, vocab_size, tp_group=self.tp_group) if pre_process else None
+            LanguageModelEmbedding(config, self.padded_vocab_size, tp_group=self.tp_group)
+            if pre_process
+            else None
         )
         rotary_class = {"rope": RotaryEmbedding, "yarn": YarnRotaryEmbedding}.get(
             config.position_embedding_type
@@ -113,7 +123,7 @@ class GPTModel(torch.nn.Module):
         if post_process:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size,
-                vocab_size,
+                self.padded_vocab_size,
                 tp_group=self.tp_group,
                 bias=False,
                 sequence_parallel=config.sequence_parallel,
@@ -188,12 +198,28 @@ class GPTModel(torch.nn.Module):
         hidden = self.decoder(hidden, rotary, segment_ids, attention_mask)
         if not self.post_process:
             return hidden
-        logits, _ = self.output_layer(hidden)  # [s, b, v / tp]
+        logits = self._exclude_padding(self.output_layer(hidden)[0])  # [s, b, padded v / tp]
         if labels is not None:
             return vocab_parallel_cross_entropy(logits, labels.t(), self.tp_group).t()
         if not self.parallel_output:
-            logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
+            logits = self._gather_vocab(logits)
         return logits.transpose(0, 1).contiguous()
+
+    def _exclude_padding(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's vocab shard of the logits with the padded ids' columns set to ``-inf``."""
+        if self.padded_vocab_size == self.vocab_size:
+            return logits
+        local = logits.shape[-1]
+        real = self.vocab_size - dist.get_rank(self.tp_group) * local
+        if real >= local:
+            return logits
+        padded = torch.arange(local, device=logits.device) >= real
+        return logits.masked_fill(padded, float("-inf"))
+
+    def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The full logits over exactly ``vocab_size`` ids from this rank's shard."""
+        logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
+        return logits[..., : self.vocab_size] if self.padded_vocab_size != self.vocab_size else logits
 
     def inference_forward(
         self,
@@ -237,7 +263,7 @@ class GPTModel(torch.nn.Module):
             return hidden
         if inference_context.logits_indices is not None:
             hidden = hidden[inference_context.logits_indices]
-        logits, _ = self.output_layer(hidden)  # [k, 1, v / tp]
+        logits = self._exclude_padding(self.output_layer(hidden)[0])  # [k, 1, padded v / tp]
         if gather:
-            logits = gather_from_tensor_model_parallel_region(logits, self.tp_group)
+            logits = self._gather_vocab(logits)
         return logits.transpose(0, 1)
