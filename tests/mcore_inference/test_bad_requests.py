@@ -132,8 +132,11 @@ def test_generate_fails_bad_prompts_alone_and_refuses_a_bare_prompt(make_model, 
     assert good.generated_tokens == oracle(model, GOOD_PROMPT, 3)
     assert bad.status is RequestStatus.FAILED and "prompt" in bad.error
     assert bad_params.status is RequestStatus.FAILED and "sampling_params" in bad_params.error
-    with pytest.raises(InvalidRequestError, match="prompts"):
-        engine.generate("a string", params)
+    for bare in ("a string", GOOD_PROMPT, 7, {1: [1, 2]}):
+        with pytest.raises(InvalidRequestError, match="prompts"):
+            engine.generate(bare, params)
+    (from_tensor,) = engine.generate(torch.tensor([GOOD_PROMPT]), params)
+    assert from_tensor.generated_tokens == good.generated_tokens
     with pytest.raises(InvalidRequestError, match="sampling_params"):
         engine.generate([GOOD_PROMPT, GOOD_PROMPT], [params])
     assert not engine.has_unfinished_requests() and _all_blocks_free(engine)

@@ -31,7 +31,7 @@ from .scheduler import Scheduler
 
 OutputCallback = Callable[[RequestOutput], None]
 
-logger = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 
 def _is_transient(error: Exception) -> bool:
@@ -562,7 +562,7 @@ class DynamicInferenceEngine:
             callback(RequestOutput(request, new_tokens, request.finished))
         except Exception as error:  # the caller's callback: it fails its request, not the step
             self._callbacks.pop(request.request_id, None)
-            logger.exception("on_output of request %d raised", request.request_id)
+            _logger.exception("on_output of request %d raised", request.request_id)
             if not request.finished:
                 self._fail(request, f"on_output raised {type(error).__name__}: {error}")
 
@@ -600,10 +600,15 @@ class DynamicInferenceEngine:
         all are done. An invalid prompt or parameter fails its request alone (see
         ``add_request``); a single prompt instead of a list of them, or a list of parameters of
         another length, raises ``InvalidRequestError``."""
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Iterable):
             raise InvalidRequestError(
                 "prompts",
                 f"must be a list of prompts (wrap a single one in a list), got {type(prompts).__name__}",
+            )
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, int) for p in prompts):
+            raise InvalidRequestError(
+                "prompts", "must be a list of prompts, got one list of ints: wrap it in a list"
             )
         params = self._params_per_prompt(prompts, sampling_params)
         requests = [self.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
@@ -682,7 +687,7 @@ class DynamicInferenceEngine:
             try:
                 await asyncio.to_thread(self.step)
             except Exception as error:  # nobody awaits this task: log it, and wake every waiter
-                logger.exception("engine step raised; failing the unfinished requests")
+                _logger.exception("engine step raised; failing the unfinished requests")
                 self._fail_unfinished(f"{type(error).__name__}: {error}")
 
     def _fail_unfinished(self, message: str) -> None:

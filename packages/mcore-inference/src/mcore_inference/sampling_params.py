@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidRequestError
 
-MIN_TEMPERATURE = 1e-2
-"""The smallest non-zero ``temperature``: below it, logits divided by it may overflow (as in vLLM)."""
-MAX_TEMPERATURE = 1e4
-"""The largest ``temperature``; above it the distribution is uniform to float32 precision anyway."""
+_MIN_TEMPERATURE = 1e-2
+"""The smallest non-zero ``temperature``: below it, logits divided by it may overflow to inf and
+NaN (vLLM clamps to the same bound; here it is refused)."""
+_MAX_TEMPERATURE = 1e4
+"""The largest ``temperature``: far above any useful one, and finite in float32."""
 
 
 def _is_int(value: object) -> bool:
@@ -60,15 +61,16 @@ class SamplingParams:
 
     def validate(self, vocab_size: int) -> None:
         """Raise ``InvalidRequestError`` naming the first field of the wrong type or outside its
-        allowed range. ``temperature`` is 0 (greedy) or in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``,
+        allowed range. ``temperature`` is 0 (greedy) or in ``[0.01, 1e4]``,
         so that finite logits divided by it stay finite."""
         temperature = self.temperature
         if not (
-            _is_real(temperature) and (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE)
+            _is_real(temperature)
+            and (temperature == 0 or _MIN_TEMPERATURE <= temperature <= _MAX_TEMPERATURE)
         ):
             raise InvalidRequestError(
                 "temperature",
-                f"must be 0 (greedy) or a number in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {temperature!r}",
+                f"must be 0 (greedy) or a number in [{_MIN_TEMPERATURE}, {_MAX_TEMPERATURE}], got {temperature!r}",
             )
         if not (_is_int(self.top_k) and 0 <= self.top_k <= vocab_size):
             raise InvalidRequestError(
