@@ -327,3 +327,40 @@ def test_a_step_error_in_the_async_driver_wakes_every_stream(make_model, make_en
         assert outputs[-1].finished and outputs[-1].request.status is RequestStatus.FAILED
         assert "TypeError: model bug" in outputs[-1].request.error
     assert not engine.has_unfinished_requests() and _all_blocks_free(engine)
+
+
+@pytest.mark.parametrize("poisoned_rank", [0, 1])
+def test_sampling_failures_agree_over_tensor_parallel_ranks(
+    run_distributed, split_model_builder, make_engine, oracle, poisoned_rank
+):
+    """Every rank takes the first tensor-parallel rank's verdict: its failure fails the request on
+    both ranks (with the same message), a failure on the other rank alone is overruled."""
+
+    def body():
+        import torch.distributed as dist
+
+        model, whole = split_model_builder(tp=2)
+        if dist.get_rank() == poisoned_rank:
+            model = PoisonedModel(model, position=12, fill=float("nan"))
+        engine = make_engine(model, blocks=32)
+        params = SamplingParams(num_tokens_to_generate=6, **GREEDY)
+        victim = engine.add_request(list(range(20, 30)), params)
+        other = engine.add_request([1, 2, 3], params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return (
+            victim.status.value,
+            victim.error,
+            victim.generated_tokens,
+            other.generated_tokens == oracle(whole, [1, 2, 3], 6),
+            _all_blocks_free(engine),
+        )
+
+    outcomes = run_distributed(body, 2, timeout=120)
+    assert outcomes[0] == outcomes[1]
+    status, error, tokens, other_equals_oracle, blocks_free = outcomes[0]
+    assert other_equals_oracle and blocks_free
+    if poisoned_rank == 0:
+        assert status == "failed" and "non-finite logits" in error and len(tokens) == 3
+    else:
+        assert status == "completed" and error is None and len(tokens) == 6

@@ -56,6 +56,14 @@ def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
     return bad.tolist()
 
 
+_SAMPLING_FAILURES = {
+    -1: "non-finite logits (NaN or +inf, or every token -inf) at sampling time",
+    -2: "sampling failed: the distribution after temperature and filters is not valid (NaN or inf)",
+    -3: "sampling returned a token outside the vocabulary",
+}
+"""Why a row could not be sampled, by the negative token id that stands for it in the broadcast."""
+
+
 def _token_ids(tokens: object, source: str) -> list[int]:
     """``tokens`` as a list of ints, or ``InvalidRequestError("prompt", ...)``: a list, tuple, range
     or 1-D integer tensor/array of ints; not a string, bytes, a mapping, a set, a scalar, floats,
@@ -458,18 +466,16 @@ class DynamicInferenceEngine:
     ) -> tuple[SampledTokens, dict[int, str]]:
         """The next token of each of ``requests`` from its row of ``logits``, agreed over the
         ranks, and the error of each request (by id) that no token can be sampled for: NaN/inf
-        logits, or a draw the sampler refuses (a ``RuntimeError``). Those rows alone fail."""
+        logits, or a draw the sampler refuses (a ``RuntimeError``). Those rows alone fail. A
+        failure travels to the other ranks as a negative token id (``_SAMPLING_FAILURES``), so
+        every rank fails the same requests with the same message: the source rank's."""
         count = len(requests)
         sampled = SampledTokens([-1] * count, [float("nan")] * count, [{} for _ in range(count)])
         if not count:
             return sampled, {}
         logits = logits[torch.tensor(list(rows), device=logits.device)].float()
-        errors = {
-            i: "non-finite logits (NaN or +inf, or every token -inf) at sampling time"
-            for i, bad in enumerate(_nonfinite_rows(logits))
-            if bad
-        }
-        good = [i for i in range(count) if i not in errors]
+        failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
+        good = [i for i in range(count) if i not in failures]
         generators = [r.generator for r in requests]
         drawing = [generators[i] for i in good if not requests[i].sampling_params.greedy]
         states = {id(g): (g, g.get_state()) for g in drawing}  # to redraw the same row by row
@@ -482,18 +488,19 @@ class DynamicInferenceEngine:
                 try:
                     self._sample_into(sampled, [i], logits, requests, generators)
                 except RuntimeError as error:
-                    errors[i] = f"sampling failed: {type(error).__name__}: {error}"
+                    _logger.warning("request %d: sampling failed: %s", requests[i].request_id, error)
+                    failures[i] = -2
         for i in range(count):
-            if i not in errors and not 0 <= sampled.tokens[i] < self.vocab_size:
-                errors[i] = f"sampling returned token {sampled.tokens[i]}, outside [0, {self.vocab_size})"
-            if i in errors:
-                sampled.tokens[i] = -1  # so that every rank takes the failure of the source rank
+            if i not in failures and not 0 <= sampled.tokens[i] < self.vocab_size:
+                failures[i] = -3
+            sampled.tokens[i] = failures.get(i, sampled.tokens[i])
         agreed = self._agree_on_samples(sampled)
-        messages = {}
-        for i, request in enumerate(requests):
-            if agreed.tokens[i] < 0:
-                messages[request.request_id] = errors.get(i, "sampling failed on the source rank")
-        return agreed, messages
+        errors = {
+            request.request_id: _SAMPLING_FAILURES[agreed.tokens[i]]
+            for i, request in enumerate(requests)
+            if agreed.tokens[i] < 0
+        }
+        return agreed, errors
 
     @staticmethod
     def _sample_into(
