@@ -271,6 +271,25 @@ def test_programming_errors_in_the_forward_surface(make_model, make_engine, orac
     assert request.generated_tokens == oracle(model, [1, 2, 3], 5)
 
 
+class _FailsOnce(BrokenModel):
+    def inference_forward(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 2:
+            raise self.error
+        return self.model.inference_forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("error", [OSError("link down"), torch.cuda.OutOfMemoryError("out of memory")])
+def test_transient_errors_in_the_forward_are_retried(make_model, make_engine, oracle, error):
+    model = make_model()
+    engine = make_engine(_FailsOnce(model, error))
+    (request,) = engine.generate([[1, 2, 3]], SamplingParams(num_tokens_to_generate=4, **GREEDY))
+    assert request.status is RequestStatus.COMPLETED
+    assert request.generated_tokens == oracle(model, [1, 2, 3], 4)
+    transient = [e.message for e in request.events if e.type is RequestEventType.ERROR_TRANSIENT]
+    assert transient == [f"{type(error).__name__}: {error}"]
+
+
 def test_a_programming_error_in_sampling_surfaces_without_half_advancing(
     make_model, make_engine, oracle, monkeypatch
 ):
