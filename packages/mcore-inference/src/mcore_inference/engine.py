@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import operator
 import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,11 +25,66 @@ from .cuda_graphs import DecodeGraphRunner
 from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError
 from .pipeline import PipelineStage, model_groups
 from .request import Request, RequestEventType, RequestOutput, RequestStatus
-from .sampler import SampledTokens, sample
+from .sampler import UNSAMPLEABLE, SampledTokens, sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 
 OutputCallback = Callable[[RequestOutput], None]
+
+_logger = logging.getLogger(__name__)
+
+
+def _is_transient(error: Exception) -> bool:
+    """Whether a failed forward is worth recomputing: runtime and I/O errors of the device or of a
+    collective (``torch.OutOfMemoryError``, ``torch.distributed.DistError``, a pipeline stage's
+    failure are ``RuntimeError``s). ``NotImplementedError``, ``RecursionError`` and every other type
+    (``TypeError``, ``ValueError``, ``AttributeError``, ``IndexError``, ``InferenceError``, ...) are
+    programming errors: they surface."""
+    return isinstance(error, (RuntimeError, OSError)) and not isinstance(
+        error, (NotImplementedError, RecursionError)
+    )
+
+
+def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
+    """Rows of ``logits [R, V]`` that no token can be sampled from: a NaN, a ``+inf``, or every
+    entry ``-inf`` (single ``-inf`` entries are masked tokens and fine)."""
+    bad = (
+        torch.isnan(logits).any(dim=-1)
+        | torch.isposinf(logits).any(dim=-1)
+        | torch.isneginf(logits).all(dim=-1)
+    )
+    return bad.tolist()
+
+
+_SAMPLING_FAILURES = {
+    -1: "non-finite logits (NaN or +inf, or every token -inf) at sampling time",
+    -2: "sampling failed: the distribution after temperature and filters is not valid (NaN or inf)",
+    -3: "sampling returned a token outside the vocabulary",
+}
+"""Why a row could not be sampled, by the negative token id that stands for it in the broadcast."""
+
+
+def _token_ids(tokens: object, source: str) -> list[int]:
+    """``tokens`` as a list of ints, or ``InvalidRequestError("prompt", ...)``: a list, tuple, range
+    or 1-D integer tensor/array of ints; not a string, bytes, a mapping, a set, a scalar, floats,
+    ``None``s or nested lists."""
+    if isinstance(tokens, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(
+        tokens, Iterable
+    ):
+        raise InvalidRequestError(
+            "prompt", f"{source} must be a list of token ids (ints) or a string, got {type(tokens).__name__}"
+        )
+    ids = []
+    for token in tokens:
+        if isinstance(token, (bool, float)):
+            raise InvalidRequestError("prompt", f"{source} token ids must be ints, got {token!r}")
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            raise InvalidRequestError(
+                "prompt", f"{source} token ids must be ints, got {token!r:.80} ({type(token).__name__})"
+            ) from None
+    return ids
 
 
 def _check_model(model: object) -> None:
@@ -51,7 +108,13 @@ class DynamicInferenceEngine:
     then prefill chunks within the token budget, runs one forward over the mixed batch and samples
     every request that reached the end of its tokens. ``generate`` steps until a list of prompts is
     done; ``stream``/``generate_async`` do the same from a running asyncio loop, stepping in a
-    worker thread. A request that cannot be served fails alone with a non-transient error event.
+    worker thread. A request that cannot be served (bad input, or NaN/inf logits or a failed draw
+    at sampling time) fails alone with a non-transient error event and frees its blocks; the
+    others continue. ``abort(request_id)`` ends a request as ``ABORTED`` at the next step boundary,
+    and so does leaving a ``stream`` or cancelling a ``generate_async`` task before it finished.
+    A forward that raises a ``RuntimeError`` or ``OSError`` (a device or collective hiccup) is
+    retried by recomputing the step's requests, up to ``max_transient_retries`` times; any other
+    exception (a programming error) fails the step's requests and is raised by ``step()``.
 
     The engine uses only the members of ``InferenceModel`` and never changes the model: it must be
     in eval mode (else ``ValueError``; a model lacking a member of the protocol is refused with a
@@ -108,6 +171,10 @@ class DynamicInferenceEngine:
         self._ids = itertools.count()
         self._incoming: deque[Request] = deque()  # appended from any thread, drained by step()
         self._callbacks: dict[int, OutputCallback] = {}
+        self._unfinished: dict[int, Request] = {}  # valid requests not yet finished, by id
+        self._last_id = -1
+        self._aborts: deque[int] = deque()  # request ids to abort at the next step boundary
+        self._stepping = False
         self._retries: dict[int, int] = {}
         self._lock = threading.RLock()
         self._driver: asyncio.Task | None = None
@@ -170,16 +237,30 @@ class DynamicInferenceEngine:
         on_output: OutputCallback | None = None,
     ) -> Request:
         """Queue ``prompt``; ``on_output`` is called (from the stepping thread) with every new
-        token and once when the request finishes. An invalid request is returned already failed."""
+        token and once when the request finishes (a callback that raises fails its request).
+
+        Whatever the caller sends, an invalid request is not raised but returned already
+        ``FAILED``: its ``error`` reads ``"InvalidRequestError: <field>: <what is allowed>"``, its
+        ``on_output`` was called once with the finished output and dropped, its ``result()``
+        returns at once, and it holds no blocks. That covers a prompt that is not a string or a
+        list of ints (floats, ``None``, nested lists, a scalar), ``sampling_params`` that is not a
+        ``SamplingParams`` (a ``dict`` too) and every field of it of the wrong type or out of range
+        (see ``SamplingParams.validate``). After ``shutdown()`` this raises
+        ``EngineShutdownError``."""
         if self._shutdown:
             raise EngineShutdownError("the engine was shut down")
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = SamplingParams() if sampling_params is None else sampling_params
         text = prompt if isinstance(prompt, str) else None
         request = Request(next(self._ids), [], params, prompt_text=text)
+        self._last_id = max(self._last_id, request.request_id)
         request.add_event(RequestEventType.ADD)
         if on_output is not None:
             self._callbacks[request.request_id] = on_output
         try:
+            if not isinstance(params, SamplingParams):
+                raise InvalidRequestError(
+                    "sampling_params", f"must be a SamplingParams or None, got {type(params).__name__}"
+                )
             request.prompt_tokens = self._tokenize(prompt)
             request.tokens = list(request.prompt_tokens)
             self._validate(request)
@@ -188,18 +269,22 @@ class DynamicInferenceEngine:
             return request
         if params.prompt_logprobs:
             request.prompt_logprobs = [None]  # the first token has no context
-        request.generator = (
-            torch.Generator().manual_seed(params.seed) if params.seed is not None else self._generator
-        )
+        self._unfinished[request.request_id] = request
         self._incoming.append(request)
         return request
 
     def _tokenize(self, prompt: Sequence[int] | str) -> list[int]:
         if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
+            return _token_ids(prompt, "prompt")
         if self.tokenizer is None:
             raise InvalidRequestError("prompt", "a text prompt needs an engine with a tokenizer")
-        return list(self.tokenizer.encode(prompt))
+        try:
+            encoded = self.tokenizer.encode(prompt)
+        except Exception as error:  # the tokenizer is the caller's; its failure is this request's
+            raise InvalidRequestError(
+                "prompt", f"the tokenizer could not encode it: {type(error).__name__}: {error}"
+            ) from error
+        return _token_ids(encoded, "the tokenizer's encoding of prompt:")
 
     def _validate(self, request: Request) -> None:
         params, prompt = request.sampling_params, request.prompt_tokens
@@ -224,29 +309,91 @@ class DynamicInferenceEngine:
         """Whether a request is queued, waiting or active."""
         return bool(self._incoming) or self.scheduler.has_work()
 
+    def abort(self, request_id: int) -> bool:
+        """End request ``request_id`` as ``ABORTED`` and free its blocks; thread-safe.
+
+        It takes effect at once when no step is running, else at the start of the next step
+        (never in the middle of one): the request gets an ``abort`` event and ``finish_reason``
+        ``"abort"``, keeps the tokens generated so far, its ``on_output`` is called a last time
+        with ``finished=True`` and its ``result()`` returns. The other requests are unaffected.
+        Returns ``True`` if the request was unfinished (so it will be aborted), ``False`` if it had
+        already finished (a no-op: aborting races with finishing). An id this engine never issued
+        raises ``InvalidRequestError`` naming ``request_id``."""
+        if isinstance(request_id, bool) or not isinstance(request_id, int):
+            raise InvalidRequestError("request_id", f"must be an int, got {type(request_id).__name__}")
+        request = self._unfinished.get(request_id)
+        if request is None:
+            if 0 <= request_id <= self._last_id:
+                return False
+            raise InvalidRequestError("request_id", f"no request {request_id} was added to this engine")
+        self._aborts.append(request_id)
+        if self._lock.acquire(blocking=False):  # not stepping in another thread
+            try:
+                if not self._stepping:  # nor in a callback of this thread's step
+                    self._apply_aborts()
+            finally:
+                self._lock.release()
+        return True
+
+    def _apply_aborts(self) -> None:
+        """Abort the requests queued by ``abort`` (with the lock held, between steps)."""
+        while self._incoming:
+            self.scheduler.add(self._incoming.popleft())
+        while self._aborts:
+            request = self._unfinished.get(self._aborts.popleft())
+            if request is None or request.finished:
+                continue
+            request.status = RequestStatus.ABORTED
+            request.finish_reason = "abort"
+            if self.tokenizer is not None and request.generated_text is None:
+                request.generated_text = self.tokenizer.decode(request.generated_tokens)
+            request.add_event(RequestEventType.ABORT)
+            self._close(request, [])
+
     # ----------------------------------------------------------------- stepping
     def step(self) -> list[Request]:
         """Run one forward over the next batch; return the requests that finished in it."""
         with self._lock:
-            while self._incoming:
-                self.scheduler.add(self._incoming.popleft())
+            self._apply_aborts()  # also moves the incoming requests to the scheduler
             if self._suspended or self._shutdown:
                 return []
             chunks = self.scheduler.schedule()
             if not chunks:
                 return []
             self.step_count += 1
+            self._stepping = True
             try:
-                padded = self.graph_runner.run(chunks) if self.graph_runner is not None else None
-                if padded is not None:
-                    logits, logits_slices = padded
-                else:
-                    input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
-                    with torch.inference_mode():
-                        logits = self._forward(input_ids, position_ids)
-            except Exception as error:  # a failed forward: recompute these requests, a few times
+                return self._run(chunks)
+            finally:
+                self._stepping = False
+
+    def _run(self, chunks: Sequence[ScheduledChunk]) -> list[Request]:
+        try:
+            padded = self.graph_runner.run(chunks) if self.graph_runner is not None else None
+            if padded is not None:
+                logits, logits_slices = padded
+            else:
+                input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
+                with torch.inference_mode():
+                    logits = self._forward(input_ids, position_ids)
+        except Exception as error:
+            # Pipeline stages other than the failed one only know that it failed, not how: all of
+            # them retry, so that every stage keeps the same requests.
+            if _is_transient(error) or self._pipeline is not None:  # recompute, a few times
                 return self._retry(chunks, error)
+            self._fail_step(chunks, error)
+            raise
+        try:
             return self._advance(chunks, logits, logits_slices)
+        except Exception as error:  # an engine bug: leave no request half-advanced, then surface it
+            self._fail_step(chunks, error)
+            raise
+
+    def _fail_step(self, chunks: Sequence[ScheduledChunk], error: Exception) -> None:
+        """Fail this step's unfinished requests with ``error`` (which the step then raises)."""
+        for chunk in chunks:
+            if not chunk.request.finished:
+                self._fail(chunk.request, f"{type(error).__name__}: {error}")
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """This step's logits ``[k, vocab]`` (rows ``context.logits_indices``), on every rank."""
@@ -271,29 +418,30 @@ class DynamicInferenceEngine:
     def _advance(
         self, chunks: Sequence[ScheduledChunk], logits: torch.Tensor, logits_slices: Sequence[slice]
     ) -> list[Request]:
-        finished: list[Request] = []
-        to_sample: list[tuple[Request, int]] = []
+        # Sample first, changing no request, so that an exception leaves none half-advanced.
+        sampling = [
+            (chunk.request, rows.stop - 1)
+            for chunk, rows in zip(chunks, logits_slices, strict=True)
+            if chunk.end == len(chunk.request.tokens)
+            and chunk.end < chunk.request.sampling_params.max_total_length(len(chunk.request.prompt_tokens))
+        ]
+        requests = [r for r, _ in sampling]
+        sampled, errors = self._sample([row for _, row in sampling], requests, logits)
         for chunk, rows in zip(chunks, logits_slices, strict=True):
             request = chunk.request
             if chunk.logits == "all":
                 self._record_prompt_logprobs(chunk, logits[rows])
             request.num_computed_tokens = chunk.end
-            self.scheduler.register_full_blocks(request)
-            if chunk.end < len(request.tokens):
-                continue
-            if len(request.tokens) >= request.sampling_params.max_total_length(len(request.prompt_tokens)):
+            if request.request_id not in errors:  # NaN logits may come with NaN keys/values
+                self.scheduler.register_full_blocks(request)
+            if chunk.end == len(request.tokens) and request not in requests:
                 self._complete(request, "length")  # nothing to generate (num_tokens_to_generate=0)
-                finished.append(request)
-            else:
-                to_sample.append((request, rows.stop - 1))
-        if not to_sample:
-            return finished
-        requests = [r for r, _ in to_sample]
-        sampled = self._agree_on_samples(self._sample(requests, logits, [row for _, row in to_sample]))
-        tokens = sampled.tokens
         now = time.time()
         for i, request in enumerate(requests):
-            token = tokens[i]
+            if request.request_id in errors:
+                self._fail(request, errors[request.request_id])
+                continue
+            token = sampled.tokens[i]
             request.tokens.append(token)
             request.generated_tokens.append(token)
             request.token_timestamps.append(now)
@@ -308,21 +456,71 @@ class DynamicInferenceEngine:
                 self._emit(request, [token])
             else:
                 self._complete(request, reason, [token])
-                finished.append(request)
-        return finished
+        return [chunk.request for chunk in chunks if chunk.request.finished]
 
     def _sample(
-        self, requests: Sequence[Request], logits: torch.Tensor, rows: Sequence[int]
-    ) -> SampledTokens:
-        """Next token of each of ``requests`` from its row of ``logits``, in one batched call:
-        seeded requests draw from their seed, the others from the engine's generator."""
-        return sample(
-            logits[torch.tensor(rows, device=logits.device)],
-            [r.sampling_params for r in requests],
+        self, rows: Sequence[int], requests: Sequence[Request], logits: torch.Tensor
+    ) -> tuple[SampledTokens, dict[int, str]]:
+        """The next token of each of ``requests`` from its row of ``logits``, agreed over the
+        ranks, and the error of each request (by id) that no token can be sampled for: NaN/inf
+        logits, or a draw the sampler refuses (a ``RuntimeError``). Those rows alone fail. A
+        failure travels to the other ranks as a negative token id (``_SAMPLING_FAILURES``), so
+        every rank fails the same requests with the same message: the source rank's."""
+        count = len(requests)
+        sampled = SampledTokens([-1] * count, [float("nan")] * count, [{} for _ in range(count)])
+        if not count:
+            return sampled, {}
+        logits = logits[torch.tensor(list(rows), device=logits.device)].float()
+        failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
+        good = [i for i in range(count) if i not in failures]
+        state = self._generator.get_state()  # to redraw the same rows one by one
+        try:
+            self._sample_into(sampled, good, logits, requests)
+        except RuntimeError:  # some row's filtered distribution is invalid: find which, row by row
+            self._generator.set_state(state)
+            for i in good:
+                try:
+                    self._sample_into(sampled, [i], logits, requests)
+                except RuntimeError as error:
+                    _logger.warning("request %d: sampling failed: %s", requests[i].request_id, error)
+                    failures[i] = -2
+        for i in range(count):
+            if i not in failures and sampled.tokens[i] == UNSAMPLEABLE:
+                failures[i] = -2
+            elif i not in failures and not 0 <= sampled.tokens[i] < self.vocab_size:
+                failures[i] = -3
+            sampled.tokens[i] = failures.get(i, sampled.tokens[i])
+        agreed = self._agree_on_samples(sampled)
+        errors = {
+            request.request_id: _SAMPLING_FAILURES[agreed.tokens[i]]
+            for i, request in enumerate(requests)
+            if agreed.tokens[i] < 0
+        }
+        return agreed, errors
+
+    def _sample_into(
+        self,
+        sampled: SampledTokens,
+        indices: Sequence[int],
+        logits: torch.Tensor,
+        requests: Sequence[Request],
+    ) -> None:
+        """Draw the rows ``indices`` of ``logits`` in one batched call into ``sampled``: seeded
+        requests draw from their seed, the others from the engine's generator."""
+        if not indices:
+            return
+        chosen = [requests[i] for i in indices]
+        result = sample(
+            logits[torch.tensor(list(indices), device=logits.device)],
+            [r.sampling_params for r in chosen],
             self._generator,
-            prompt_tokens=[r.prompt_tokens for r in requests],
-            output_tokens=[r.generated_tokens for r in requests],
+            prompt_tokens=[r.prompt_tokens for r in chosen],
+            output_tokens=[r.generated_tokens for r in chosen],
         )
+        for j, i in enumerate(indices):
+            sampled.tokens[i] = result.tokens[j]
+            sampled.logprobs[i] = result.logprobs[j]
+            sampled.top_logprobs[i] = result.top_logprobs[j]
 
     def _agree_on_samples(self, sampled: SampledTokens) -> SampledTokens:
         """The tokens and their log-probabilities of the first tensor-parallel rank of the last
@@ -366,12 +564,20 @@ class DynamicInferenceEngine:
 
     def _emit(self, request: Request, new_tokens: list[int]) -> None:
         callback = self._callbacks.get(request.request_id)
-        if callback is not None:
+        if callback is None:
+            return
+        try:
             callback(RequestOutput(request, new_tokens, request.finished))
+        except Exception as error:  # the caller's callback: it fails its request, not the step
+            self._callbacks.pop(request.request_id, None)
+            _logger.exception("on_output of request %d raised", request.request_id)
+            if not request.finished:
+                self._fail(request, f"on_output raised {type(error).__name__}: {error}")
 
     def _close(self, request: Request, new_tokens: list[int]) -> None:
         self.scheduler.finish(request)
         self._retries.pop(request.request_id, None)
+        self._unfinished.pop(request.request_id, None)
         self._emit(request, new_tokens)
         self._callbacks.pop(request.request_id, None)
         request.future.set_result(request)
@@ -398,7 +604,20 @@ class DynamicInferenceEngine:
         prompts: Sequence[Sequence[int] | str],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[Request]:
-        """Add ``prompts`` (one ``SamplingParams`` for all, or one each) and step until all are done."""
+        """Add ``prompts`` (one ``SamplingParams`` for all, or a list of one each) and step until
+        all are done. An invalid prompt or parameter fails its request alone (see
+        ``add_request``); a single prompt instead of a list of them, or a list of parameters of
+        another length, raises ``InvalidRequestError``."""
+        if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Iterable):
+            raise InvalidRequestError(
+                "prompts",
+                f"must be a list of prompts (wrap a single one in a list), got {type(prompts).__name__}",
+            )
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, int) for p in prompts):
+            raise InvalidRequestError(
+                "prompts", "must be a list of prompts, got one list of ints: wrap it in a list"
+            )
         params = self._params_per_prompt(prompts, sampling_params)
         requests = [self.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
         while not all(r.finished for r in requests):
@@ -409,8 +628,13 @@ class DynamicInferenceEngine:
 
     @staticmethod
     def _params_per_prompt(prompts, sampling_params) -> list[SamplingParams | None]:
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        if not isinstance(sampling_params, (list, tuple)):  # one for all (add_request checks it)
             return [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise InvalidRequestError(
+                "sampling_params",
+                f"got {len(sampling_params)} for {len(prompts)} prompts; give one, or one each",
+            )
         return list(sampling_params)
 
     async def stream(
@@ -419,7 +643,10 @@ class DynamicInferenceEngine:
         """Yield a ``RequestOutput`` per new token of ``prompt``, the last with ``finished=True``.
 
         Must run inside an asyncio loop; steps happen in a worker thread driven by one task per
-        loop, so any number of streams (and calls over time) share the batch."""
+        loop, so any number of streams (and calls over time) share the batch. Leaving the stream
+        before its last output (``break``, ``aclose()``, the iterator garbage collected, the
+        consuming task cancelled) aborts the request (see ``abort``), which frees its blocks at
+        the next step boundary."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -431,20 +658,29 @@ class DynamicInferenceEngine:
         if request.finished:  # failed validation; its output was already delivered
             yield await queue.get()
             return
-        self._ensure_driver(loop)
-        while True:
-            output = await queue.get()
-            yield output
-            if output.finished:
-                return
+        try:
+            self._ensure_driver(loop)
+            while True:
+                output = await queue.get()
+                yield output
+                if output.finished:
+                    return
+        finally:  # left early: nobody wants the rest
+            if not request.finished:
+                self.abort(request.request_id)
 
     async def generate_async(
         self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
     ) -> Request:
-        """Await the finished ``Request`` of ``prompt`` (see ``stream``)."""
-        async for output in self.stream(prompt, sampling_params):
-            if output.finished:
-                return output.request
+        """Await the finished ``Request`` of ``prompt`` (see ``stream``); cancelling the awaiting
+        task aborts the request."""
+        stream = self.stream(prompt, sampling_params)
+        try:
+            async for output in stream:
+                if output.finished:
+                    return output.request
+        finally:
+            await stream.aclose()  # runs the stream's abort now, not when it is collected
         raise AssertionError("a stream always ends with a finished output")
 
     def _ensure_driver(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -455,8 +691,19 @@ class DynamicInferenceEngine:
         while not self._shutdown and self.has_unfinished_requests():
             if self._suspended:
                 await asyncio.sleep(0.01)
-            else:
+                continue
+            try:
                 await asyncio.to_thread(self.step)
+            except Exception as error:  # nobody awaits this task: log it, and wake every waiter
+                _logger.exception("engine step raised; failing the unfinished requests")
+                self._fail_unfinished(f"{type(error).__name__}: {error}")
+
+    def _fail_unfinished(self, message: str) -> None:
+        with self._lock:
+            while self._incoming:
+                self.scheduler.add(self._incoming.popleft())
+            for request in [*self.scheduler.active, *self.scheduler.waiting]:
+                self._fail(request, message)
 
     # ----------------------------------------------------------------- suspend, resume, shutdown
     def suspend(self) -> int:
@@ -489,8 +736,4 @@ class DynamicInferenceEngine:
     def shutdown(self) -> None:
         """Refuse new requests and fail every unfinished one, which wakes its waiters and streams."""
         self._shutdown = True
-        with self._lock:
-            while self._incoming:
-                self.scheduler.add(self._incoming.popleft())
-            for request in [*self.scheduler.active, *self.scheduler.waiting]:
-                self._fail(request, "EngineShutdownError: the engine was shut down")
+        self._fail_unfinished("EngineShutdownError: the engine was shut down")

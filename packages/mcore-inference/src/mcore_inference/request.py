@@ -14,12 +14,13 @@ from .sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    """Where a request is: queued, holding cache blocks, or done."""
+    """Where a request is: queued, holding cache blocks, or done (completed, failed or aborted)."""
 
     WAITING = "waiting"
     ACTIVE = "active"
     COMPLETED = "completed"
     FAILED = "failed"
+    ABORTED = "aborted"  # by DynamicInferenceEngine.abort or an abandoned stream
 
 
 class RequestEventType(enum.Enum):
@@ -33,6 +34,7 @@ class RequestEventType(enum.Enum):
     FAIL = "fail"
     ERROR_TRANSIENT = "error_transient"  # retried
     ERROR_NONTRANSIENT = "error_nontransient"  # fails the request
+    ABORT = "abort"  # aborted by the caller; the request ends as ABORTED
 
 
 @dataclass
@@ -54,7 +56,9 @@ class Request:
 
     ``tokens`` is the prompt followed by the generated tokens; the first ``num_computed_tokens``
     of them have keys/values in the cache blocks ``block_ids``. ``future`` resolves to the
-    request itself when it completes or fails.
+    request itself when it completes, fails or is aborted. ``generator`` is no longer used
+    (seeded requests draw from ``sampling_params.seed`` alone) and stays ``None``; it remains for
+    compatibility and will be deprecated.
     """
 
     request_id: int
@@ -94,8 +98,8 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        """Whether the request completed or failed."""
-        return self.status in (RequestStatus.COMPLETED, RequestStatus.FAILED)
+        """Whether the request completed, failed or was aborted."""
+        return self.status in (RequestStatus.COMPLETED, RequestStatus.FAILED, RequestStatus.ABORTED)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -104,7 +108,7 @@ class Request:
         return None if added is None or first is None else first - added
 
     def result(self, timeout: float | None = None) -> Request:
-        """Block until the request completes or fails; return it."""
+        """Block until the request completes, fails or is aborted; return it."""
         return self.future.result(timeout)
 
     def to_dict(self) -> dict[str, Any]:

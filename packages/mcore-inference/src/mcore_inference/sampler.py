@@ -25,12 +25,17 @@ from .sampling_params import SamplingParams
 _MASK32 = 0xFFFFFFFF
 
 
+UNSAMPLEABLE = -1
+"""The token ``sample`` returns for a row whose distribution is not valid."""
+
+
 @internal_api
 @dataclass
 class SampledTokens:
     """The sampled token of each row, its log-probability and the top-n log-probabilities
     (both under the model's distribution before penalties and temperature; ``nan`` and ``{}``
-    for a row that asked for neither ``logprobs`` nor ``top_n_logprobs``)."""
+    for a row that asked for neither ``logprobs`` nor ``top_n_logprobs``). A row with no valid
+    distribution to draw from gets the token ``UNSAMPLEABLE``."""
 
     tokens: list[int]
     logprobs: list[float]
@@ -212,13 +217,20 @@ def sample(
         rows = _rows(sampled, device)
         temperature, top_k, top_p, min_p = (columns[c][rows].unsqueeze(1) for c in range(4))
         sort = any(p.top_k or p.top_p < 1.0 for p, s in zip(params, sampled, strict=True) if s)
-        filtered, order = _filter(scored[rows] / temperature, top_k, top_p, min_p, sort)
-        drawn = _draw(filtered, order, columns[7][rows])
+        scaled = scored[rows] / temperature
+        filtered, order = _filter(scaled, top_k, top_p, min_p, sort)
+        drawn = _draw(filtered, order, columns[7][rows]).masked_fill(_unsampleable(scaled), UNSAMPLEABLE)
         tokens = tokens.index_copy(0, rows, drawn) if isinstance(rows, torch.Tensor) else drawn
 
     token_list = tokens.tolist()
     logprobs, top_logprobs = _logprobs(raw, tokens, params)
     return SampledTokens(token_list, logprobs, top_logprobs)
+
+
+def _unsampleable(scaled: torch.Tensor) -> torch.Tensor:
+    """``[R]``: rows with no valid distribution (NaN or ``+inf``, e.g. a finite logit overflowing
+    once divided by its temperature, or every token ``-inf``)."""
+    return (scaled.isnan() | (scaled == float("inf"))).any(dim=-1) | (scaled == float("-inf")).all(dim=-1)
 
 
 def _logprobs(
@@ -234,7 +246,7 @@ def _logprobs(
     indices = [i for i, a in enumerate(asking) if a]
     rows = _rows(asking, logits.device)
     logprobs = torch.log_softmax(logits[rows], dim=-1)
-    values = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1).tolist()
+    values = logprobs.gather(1, tokens[rows].clamp(min=0).unsqueeze(1)).squeeze(1).tolist()
     for i, value in zip(indices, values, strict=True):
         chosen[i] = value
     widest = max(params[i].top_n_logprobs for i in indices)

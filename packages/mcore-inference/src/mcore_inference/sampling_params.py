@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequestError
+
+_MIN_TEMPERATURE = 1e-2
+"""The smallest non-zero ``temperature``: below it, logits divided by it may overflow to inf and
+NaN (vLLM clamps to the same bound; here it is refused)."""
+_MAX_TEMPERATURE = 1e4
+"""The largest ``temperature``: far above any useful one, and finite in float32."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -14,7 +29,7 @@ class SamplingParams:
 
     Filters apply in this order to the logits divided by ``temperature``: ``top_k`` (0 = off),
     ``top_p`` (1 = off), ``min_p`` (0 = off, relative to the most likely token). ``temperature=0``
-    is greedy. ``seed`` makes a request's samples reproducible whatever it is batched with.
+    is greedy; otherwise it is in ``[0.01, 1e4]``. ``seed`` makes a request's samples reproducible whatever it is batched with.
     Generation stops after ``num_tokens_to_generate`` tokens, or when prompt + output reaches
     ``num_tokens_total`` (the stricter of both when both are set), at a token of
     ``stop_token_ids``, at the end-of-sequence token unless ``ignore_eos``, or once the decoded
@@ -60,33 +75,59 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self, vocab_size: int) -> None:
-        """Raise ``InvalidRequestError`` naming the first field outside its allowed range."""
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise InvalidRequestError("temperature", f"must be a finite number >= 0, got {self.temperature}")
-        if not 0 <= self.top_k <= vocab_size:
-            raise InvalidRequestError("top_k", f"must be in [0, {vocab_size}] (0 = off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidRequestError("seed", f"must be in [0, 2**63), got {self.seed}")
+        """Raise ``InvalidRequestError`` naming the first field of the wrong type or outside its
+        allowed range. ``temperature`` is 0 (greedy) or in ``[0.01, 1e4]``,
+        so that finite logits divided by it stay finite."""
+        temperature = self.temperature
+        if not (
+            _is_real(temperature)
+            and (temperature == 0 or _MIN_TEMPERATURE <= temperature <= _MAX_TEMPERATURE)
+        ):
+            raise InvalidRequestError(
+                "temperature",
+                f"must be 0 (greedy) or a number in [{_MIN_TEMPERATURE}, {_MAX_TEMPERATURE}], got {temperature!r}",
+            )
+        if not (_is_int(self.top_k) and 0 <= self.top_k <= vocab_size):
+            raise InvalidRequestError(
+                "top_k", f"must be an int in [0, {vocab_size}] (0 = off), got {self.top_k!r}"
+            )
+        if not (_is_real(self.top_p) and 0 < self.top_p <= 1):
+            raise InvalidRequestError("top_p", f"must be a number in (0, 1] (1 = off), got {self.top_p!r}")
+        if not (_is_real(self.min_p) and 0 <= self.min_p <= 1):
+            raise InvalidRequestError("min_p", f"must be a number in [0, 1] (0 = off), got {self.min_p!r}")
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
+            raise InvalidRequestError("seed", f"must be None or an int in [0, 2**63), got {self.seed!r}")
         if self.num_tokens_to_generate is None and self.num_tokens_total is None:
             raise InvalidRequestError("num_tokens_to_generate", "set it or num_tokens_total")
-        if self.num_tokens_to_generate is not None and self.num_tokens_to_generate < 0:
+        if self.num_tokens_to_generate is not None and not (
+            _is_int(self.num_tokens_to_generate) and self.num_tokens_to_generate >= 0
+        ):
             raise InvalidRequestError(
-                "num_tokens_to_generate", f"must be >= 0, got {self.num_tokens_to_generate}"
+                "num_tokens_to_generate", f"must be None or an int >= 0, got {self.num_tokens_to_generate!r}"
             )
-        if self.num_tokens_total is not None and self.num_tokens_total < 1:
-            raise InvalidRequestError("num_tokens_total", f"must be >= 1, got {self.num_tokens_total}")
-        bad_stop = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-        if bad_stop:
-            raise InvalidRequestError("stop_token_ids", f"must be in [0, {vocab_size}), got {bad_stop}")
-        if any(not s for s in self.stop_strings):
-            raise InvalidRequestError("stop_strings", "must be non-empty strings")
-        if not 0 <= self.top_n_logprobs <= vocab_size:
+        if self.num_tokens_total is not None and not (
+            _is_int(self.num_tokens_total) and self.num_tokens_total >= 1
+        ):
             raise InvalidRequestError(
-                "top_n_logprobs", f"must be in [0, {vocab_size}], got {self.top_n_logprobs}"
+                "num_tokens_total", f"must be None or an int >= 1, got {self.num_tokens_total!r}"
+            )
+        stop = self.stop_token_ids
+        if not isinstance(stop, (list, tuple)) or not all(_is_int(t) and 0 <= t < vocab_size for t in stop):
+            raise InvalidRequestError(
+                "stop_token_ids",
+                f"must be a list of token ids (ints) in [0, {vocab_size}), got {stop!r:.200}",
+            )
+        strings = self.stop_strings
+        if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) and s for s in strings):
+            raise InvalidRequestError(
+                "stop_strings", f"must be a list of non-empty strings, got {strings!r:.200}"
+            )
+        for name in ("ignore_eos", "logprobs", "prompt_logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(name, f"must be a bool, got {getattr(self, name)!r:.200}")
+        if not (_is_int(self.top_n_logprobs) and 0 <= self.top_n_logprobs <= vocab_size):
+            raise InvalidRequestError(
+                "top_n_logprobs", f"must be an int in [0, {vocab_size}], got {self.top_n_logprobs!r}"
             )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
