@@ -43,17 +43,17 @@ def _sdpa(
     """``softmax(q k^T scale + mask) v`` for ``q [B, h, Q, d]``, ``k, v [B, g, L, d]`` (``h`` a
     multiple of ``g``); ``mask`` additive in ``q``'s dtype; ``sinks`` (float32, broadcasting to
     ``[B, h, Q]``) join each softmax denominator."""
-    if sinks is None:
-        gqa = k.shape[1] != q.shape[1]
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa
-        )
-    if k.shape[1] != q.shape[1]:
+    if k.shape[1] != q.shape[1]:  # CPU kernels take grouped keys only through a slow path
         repeats = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeats, 1), v.repeat_interleave(repeats, 1)
     if q.device.type == "cpu" and _CPU_LSE is not None:
+        # The fused CPU kernel directly: scaled_dot_product_attention may pick the math kernel.
         out, lse = _CPU_LSE(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+        if sinks is None:
+            return out
         return out * torch.sigmoid(lse.float() - sinks).unsqueeze(-1).to(out.dtype)
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [B, h, Q, L]
     if mask is not None:
         scores = scores + mask.float()
