@@ -109,7 +109,7 @@ class DecodeBatch:
     block_table: torch.Tensor
     block_size: int
     host_positions: list[int] | None = None
-    group_growth: float = 1.5
+    group_growth: float = 1.25
     _plans: dict = field(default_factory=dict, repr=False)
 
     def plan(self, window: int | None, dtype: torch.dtype) -> list[DecodeGroup]:
