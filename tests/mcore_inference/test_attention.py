@@ -145,3 +145,34 @@ def test_block_tables_grow_by_appending():
     for request_id in range(100, 200):  # more requests than rows: the table grows
         tables.sync(request_id, [request_id % 40])
     assert tables.table.shape[0] >= 102
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_one_padded_batch_and_length_groups_agree(window):
+    """Decode rows grouped by length (the default) and as one padded batch give the same output."""
+    from mcore_inference.attention import DecodeBatch, StepAttention, attend_step
+
+    context = _context()
+    chunks = _chunks(context, SPANS["decode"])
+    ModelRunner(None, context).prepare_step(chunks)
+    decode = context.step_attention.decode
+    # Several groups without a window; with one, every row reads one or two blocks: one group.
+    assert len(decode.plan(window, torch.float32)) == (3 if window is None else 1)
+    query = torch.randn(len(chunks), 4, DIM, generator=torch.Generator().manual_seed(7))
+    blocks = context.kv_cache[0, :, : context.padding_slot].view(2, context.num_blocks, BLOCK, GROUPS, DIM)
+    single = DecodeBatch(
+        decode.rows,
+        decode.positions,
+        decode.block_table,
+        BLOCK,
+        decode.host_positions,
+        group_growth=float("inf"),
+    )
+    assert len(single.plan(window, torch.float32)) == 1
+    outputs = [
+        attend_step(
+            StepAttention(decode=d), query, None, None, blocks[0], blocks[1], scale=SCALE, window_size=window
+        )
+        for d in (decode, single)
+    ]
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
