@@ -1,6 +1,7 @@
-"""The paged KV cache: sizing from a memory budget, step limits, block count agreed over ranks,
-and paged attention against dense attention."""
+"""The paged KV cache: sizing from a memory budget, step limits and layout, block count agreed
+over ranks, and paged attention against dense attention."""
 
+import itertools
 import math
 
 import pytest
@@ -16,6 +17,9 @@ from mcore_inference import (
     TokenOverflowError,
     paged_attention,
 )
+from mcore_inference.model_runner import ModelRunner
+
+_ids = itertools.count()
 
 SHAPE = dict(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4)
 PER_BLOCK = 2 * 2 * 4 * 2 * 8 * 4  # k+v, layers, block, heads, dim, fp32
@@ -38,7 +42,7 @@ def test_budget_in_bytes_and_as_fraction():
 
 
 def _chunk(tokens, blocks, start, length):
-    request = Request(0, tokens, SamplingParams())
+    request = Request(next(_ids), tokens, SamplingParams())
     request.block_ids = blocks
     return ScheduledChunk(request, start, length)
 
@@ -48,16 +52,17 @@ def test_step_limits_raise_typed_errors():
         **SHAPE, kv_cache_memory=8 * PER_BLOCK, max_requests=2, max_tokens=5, max_sequence_length=20
     )
     chunk = _chunk([1, 2, 3], [0], 0, 3)
+    runner = ModelRunner(None, context)
     with pytest.raises(RequestOverflowError, match="max_requests is 2"):
-        context.prepare_step([chunk, chunk, chunk])
+        runner.prepare_step([chunk, chunk, chunk])
     with pytest.raises(TokenOverflowError, match="6 tokens in one step, max_tokens is 5"):
-        context.prepare_step([chunk, chunk])
+        runner.prepare_step([chunk, chunk])
     with pytest.raises(MaxSequenceLengthOverflowError, match="max_sequence_length 20"):
         context.check_sequence_length(21)
-    ids, positions, slices = context.prepare_step([chunk, _chunk([4, 5, 6, 7, 8, 9], [1, 2], 5, 1)])
+    ids, positions, slices = runner.prepare_step([chunk, _chunk([4, 5, 6, 7, 8, 9], [1, 2], 5, 1)])
     assert ids.tolist() == [[1, 2, 3, 9]] and positions.tolist() == [[0, 1, 2, 5]]
     assert context.logits_indices.tolist() == [2, 3] and slices == [slice(0, 1), slice(1, 2)]
-    assert context._slots.tolist() == [0, 1, 2, 2 * 4 + 1]  # position 5 -> block 2, offset 1
+    assert context.token_slots.tolist() == [0, 1, 2, 2 * 4 + 1]  # position 5 -> block 2, offset 1
 
 
 def test_block_count_is_the_minimum_over_ranks(run_distributed):

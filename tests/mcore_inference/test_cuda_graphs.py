@@ -10,6 +10,7 @@ from mcore_inference import (
     SamplingParams,
     ScheduledChunk,
 )
+from mcore_inference.model_runner import ModelRunner
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=7, logprobs=True)
 CPU_WARNING = "ignore:cuda_graphs needs a CUDA model"
@@ -65,7 +66,7 @@ def test_padded_rows_write_only_the_padding_slot(make_model, make_engine):
     assert changed == [*written, context.padding_slot]
     # The real rows' logits are those of the eager step over the same cache.
     context.kv_cache.copy_(before)
-    input_ids, position_ids, eager_slices = context.prepare_step(chunks)
+    input_ids, position_ids, eager_slices = ModelRunner(model, context).prepare_step(chunks)
     with torch.inference_mode():
         eager = model(input_ids, position_ids=position_ids, inference_context=context)[0]
     torch.testing.assert_close(logits[:3], eager[[s.start for s in eager_slices]], rtol=1e-5, atol=1e-6)

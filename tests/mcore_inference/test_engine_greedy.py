@@ -33,7 +33,7 @@ def test_batched_and_chunked_prefill_match_oracle(
     ]
     while engine.has_unfinished_requests():
         engine.step()
-        assert len(engine.context._slots) <= limits["max_tokens"]
+        assert len(engine.context.token_slots) <= limits["max_tokens"]
     _check(model, oracle, prompts, requests, lengths)
     assert engine.context.allocator.num_free_blocks == 96  # everything released (cached blocks evictable)
 

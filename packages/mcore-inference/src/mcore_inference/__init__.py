@@ -6,7 +6,7 @@ from importlib.metadata import version as _version
 from mcore_inference.attention import paged_attention
 from mcore_inference.block_allocator import BlockAllocator, block_hash
 from mcore_inference.buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
-from mcore_inference.context import DecodeBuffers, DecodeView, DynamicInferenceContext, ScheduledChunk
+from mcore_inference.context import DynamicInferenceContext
 from mcore_inference.cuda_graphs import DecodeGraphRunner
 from mcore_inference.engine import DynamicInferenceEngine
 from mcore_inference.errors import (
@@ -19,10 +19,11 @@ from mcore_inference.errors import (
     RequestOverflowError,
     TokenOverflowError,
 )
+from mcore_inference.model_runner import DecodeBuffers, DecodeView
 from mcore_inference.request import Request, RequestEvent, RequestEventType, RequestOutput, RequestStatus
 from mcore_inference.sampler import SampledTokens, filter_logits, sample
 from mcore_inference.sampling_params import SamplingParams
-from mcore_inference.scheduler import Scheduler
+from mcore_inference.scheduler import ScheduledChunk, Scheduler
 
 __version__ = _version("mcore-inference")
 

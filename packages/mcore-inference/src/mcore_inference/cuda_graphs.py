@@ -10,7 +10,9 @@ from mcore_api import internal_api
 from mcore_models import InferenceModel
 
 from .buckets import InferenceBatchDimensions, match_bucket
-from .context import DecodeBuffers, DynamicInferenceContext, ScheduledChunk
+from .context import DynamicInferenceContext
+from .model_runner import DecodeBuffers, ModelRunner
+from .scheduler import ScheduledChunk
 
 
 @internal_api
@@ -49,9 +51,8 @@ class DecodeGraphRunner:
         self.context = context
         self.capture = capture
         self.max_key_blocks = context.blocks_needed(context.max_sequence_length)
-        self.buffers = DecodeBuffers(
-            self.buckets[-1].decode_req_count, self.max_key_blocks * context.block_size, context.device
-        )
+        self.runner = ModelRunner(model, context)
+        self.buffers = DecodeBuffers(self.buckets[-1].decode_req_count, self.max_key_blocks, context.device)
         self.steps: Counter[tuple[int, int]] = Counter()  # padded (rows, key blocks) -> steps run
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
@@ -70,7 +71,7 @@ class DecodeGraphRunner:
         rows = bucket.decode_req_count
         needed = self.context.blocks_needed(max(chunk.end for chunk in chunks))
         key_blocks = min(1 << (needed - 1).bit_length(), self.max_key_blocks)
-        logits_slices = self.context.prepare_padded_decode(chunks, self.buffers, rows, key_blocks)
+        logits_slices = self.runner.prepare_padded_decode(chunks, self.buffers, rows, key_blocks)
         shape = (rows, key_blocks)
         self.steps[shape] += 1
         if not self.capture:
@@ -82,7 +83,8 @@ class DecodeGraphRunner:
         return logits, logits_slices
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
-        view = self.buffers.view(shape[0], shape[1] * self.context.block_size)
+        view = self.buffers.view(*shape)
+        self.runner.use_padded_decode(view)  # masks computed afresh in every (captured) forward
         with torch.inference_mode():
             return self.model.inference_forward(view.input_ids, view.position_ids, self.context)
 

@@ -20,14 +20,15 @@ from mcore_models import InferenceModel, missing_inference_members
 from mcore_parallel import ProcessGroupCollection, get_group_device
 
 from .buckets import InferenceBatchDimensions, build_batch_buckets
-from .context import DynamicInferenceContext, ScheduledChunk
+from .context import DynamicInferenceContext
 from .cuda_graphs import DecodeGraphRunner
 from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError
+from .model_runner import ModelRunner
 from .pipeline import PipelineStage, model_groups
 from .request import Request, RequestEventType, RequestOutput, RequestStatus
 from .sampler import UNSAMPLEABLE, SampledTokens, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledChunk, Scheduler
 
 OutputCallback = Callable[[RequestOutput], None]
 
@@ -167,6 +168,7 @@ class DynamicInferenceEngine:
         tp_group = model.tp_group
         self._tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
         self._pipeline = PipelineStage.of(model, model_groups(model, pg_collection))
+        self.runner = ModelRunner(model, self.context, self._pipeline)
         self._generator = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._incoming: deque[Request] = deque()  # appended from any thread, drained by step()
@@ -373,9 +375,7 @@ class DynamicInferenceEngine:
             if padded is not None:
                 logits, logits_slices = padded
             else:
-                input_ids, position_ids, logits_slices = self.context.prepare_step(chunks)
-                with torch.inference_mode():
-                    logits = self._forward(input_ids, position_ids)
+                logits, logits_slices = self.runner.run(chunks)
         except Exception as error:
             # Pipeline stages other than the failed one only know that it failed, not how: all of
             # them retry, so that every stage keeps the same requests.
@@ -394,12 +394,6 @@ class DynamicInferenceEngine:
         for chunk in chunks:
             if not chunk.request.finished:
                 self._fail(chunk.request, f"{type(error).__name__}: {error}")
-
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """This step's logits ``[k, vocab]`` (rows ``context.logits_indices``), on every rank."""
-        if self._pipeline is not None:
-            return self._pipeline.forward(self.model, input_ids, position_ids, self.context)
-        return self.model.inference_forward(input_ids, position_ids, self.context)
 
     def _retry(self, chunks: Sequence[ScheduledChunk], error: Exception) -> list[Request]:
         failed = []

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
-from mcore_models import InferenceModel
+from mcore_models import InferenceContext, InferenceModel
 from mcore_parallel import P2PCommunicator, ProcessGroupCollection, get_group_device
 from mcore_parallel.parallel_state import get_process_group_collection, model_parallel_is_initialized
-
-if TYPE_CHECKING:
-    from .context import DynamicInferenceContext
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
@@ -97,6 +92,15 @@ def block_count_group(
     return next((group for group in (tp, pp) if _size(group) > 1), None)
 
 
+def agree_block_count(num_blocks: int, group: dist.ProcessGroup | None) -> int:
+    """The smallest of every rank's ``num_blocks`` over ``group`` (``num_blocks`` without one)."""
+    if group is None:
+        return num_blocks
+    count = torch.tensor([num_blocks], dtype=torch.long)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)
+    return int(count.item())
+
+
 class PipelineStage:
     """This rank's stage of a model split over ``group``; ``forward`` runs a step across the stages.
 
@@ -150,7 +154,7 @@ class PipelineStage:
         model: InferenceModel,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
-        context: DynamicInferenceContext,
+        context: InferenceContext,
     ) -> torch.Tensor:
         """The logits ``[k, vocab]`` of the rows ``context.logits_indices``, on every stage.
 

@@ -1,13 +1,33 @@
-"""Which tokens of which requests the next step computes: decodes first, then (chunked) prefills."""
+"""Which tokens of which requests the next step computes (``ScheduledChunk``s): decodes first,
+then (chunked) prefills, within the context's limits and free blocks."""
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from typing import Literal
 
 from mcore_api import internal_api
 
-from .context import DynamicInferenceContext, ScheduledChunk
+from .context import DynamicInferenceContext
 from .request import Request, RequestEventType, RequestStatus
+
+
+@internal_api
+@dataclass
+class ScheduledChunk:
+    """Tokens ``start .. start + length - 1`` of ``request.tokens`` computed in this step, and
+    which of their logits the step needs (``"none"``, ``"last"`` to sample, ``"all"`` for
+    prompt log-probabilities)."""
+
+    request: Request
+    start: int
+    length: int
+    logits: Literal["none", "last", "all"] = "last"
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
 
 
 @internal_api
@@ -112,6 +132,7 @@ class Scheduler:
     def release(self, request: Request) -> None:
         """Drop ``request``'s cache blocks; its computed tokens must be recomputed."""
         self.allocator.release(request.block_ids)
+        self.context.block_tables.drop(request.request_id)
         request.block_ids, request.block_hashes = [], []
         request.num_computed_tokens = 0
 
