@@ -1,5 +1,6 @@
 """The distributed harness itself: results, failures, hangs, crashes and isolation."""
 
+import gc
 import os
 import signal
 import time
@@ -194,3 +195,30 @@ def _unpicklable():
 def test_an_unpicklable_result_is_reported(run_distributed):
     with pytest.raises(DistributedTestError, match="pickle"):
         run_distributed(_unpicklable, 2)
+
+
+class _HangsOutsideItsProcess:
+    """Cyclic garbage whose finalizer never returns in a forked child, like a gloo process group
+    left for the collector, whose destructor joins worker threads the child does not have."""
+
+    def __init__(self):
+        self.creator, self.cycle = os.getpid(), self
+
+    def __del__(self):
+        while os.getpid() != self.creator:
+            time.sleep(1)
+
+
+def _collect() -> bool:
+    gc.collect()
+    return True
+
+
+def test_ranks_do_not_collect_the_parents_garbage(run_distributed):
+    gc.disable()
+    try:
+        _HangsOutsideItsProcess()  # garbage at once, left for the collector by its cycle
+        assert run_distributed(_collect, 2, timeout=30) == [True, True]
+    finally:
+        gc.enable()
+        gc.collect()  # its finalizer returns in this process

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import gc
 import os
 import pickle
 import signal
@@ -215,10 +216,14 @@ def _start_rank(
     stack_file = rendezvous.workdir / f"stack-{rank}.txt"
     sys.stdout.flush()
     sys.stderr.flush()
+    # The rank must never garbage-collect what it inherits: finalizers of the parent's garbage
+    # (a gloo process group joining worker threads that do not exist after fork, ...) hang it.
+    gc.freeze()
     pid = os.fork()
     if pid == 0:  # the rank
         receiver.close()
         _run_rank(rank, rendezvous, body, args, kwargs, sender, stack_file)
+    gc.unfreeze()
     sender.close()
     return _Rank(rank, pid, receiver, stack_file)
 
