@@ -56,7 +56,6 @@ def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
 _SAMPLING_FAILURES = {
     -1: "non-finite logits (NaN or +inf, or every token -inf) at sampling time",
     -2: "sampling failed: the distribution after temperature and filters is not valid (NaN or inf)",
-    -3: "sampling returned a token outside the vocabulary",
 }
 """Why a row could not be sampled, by the negative token id that stands for it in the broadcast."""
 
@@ -453,9 +452,11 @@ class DynamicInferenceEngine:
     ) -> tuple[SampledTokens, dict[int, str]]:
         """The next token of each of ``requests`` from its row of ``logits``, agreed over the
         ranks, and the error of each request (by id) that no token can be sampled for: NaN/inf
-        logits, or a draw the sampler refuses (a ``RuntimeError``). Those rows alone fail. A
-        failure travels to the other ranks as a negative token id (``_SAMPLING_FAILURES``), so
-        every rank fails the same requests with the same message: the source rank's."""
+        logits, or a distribution the sampler finds invalid after temperature and filters
+        (``UNSAMPLEABLE``). Those rows alone fail. A failure travels to the other ranks as a
+        negative token id (``_SAMPLING_FAILURES``), so every rank fails the same requests with the
+        same message: the source rank's. Seeded requests draw from their seed, the others from
+        the engine's generator."""
         count = len(requests)
         sampled = SampledTokens([-1] * count, [float("nan")] * count, [{} for _ in range(count)])
         if not count:
@@ -463,23 +464,23 @@ class DynamicInferenceEngine:
         logits = logits[torch.tensor(list(rows), device=logits.device)].float()
         failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
         good = [i for i in range(count) if i not in failures]
-        state = self._generator.get_state()  # to redraw the same rows one by one
-        try:
-            self._sample_into(sampled, good, logits, requests)
-        except RuntimeError:  # some row's filtered distribution is invalid: find which, row by row
-            self._generator.set_state(state)
-            for i in good:
-                try:
-                    self._sample_into(sampled, [i], logits, requests)
-                except RuntimeError as error:
-                    _logger.warning("request %d: sampling failed: %s", requests[i].request_id, error)
+        if good:
+            chosen = [requests[i] for i in good]
+            result = sample(
+                logits[torch.tensor(good, device=logits.device)],
+                [r.sampling_params for r in chosen],
+                self._generator,
+                prompt_tokens=[r.prompt_tokens for r in chosen],
+                output_tokens=[r.generated_tokens for r in chosen],
+            )
+            for j, i in enumerate(good):
+                sampled.tokens[i] = result.tokens[j]
+                sampled.logprobs[i] = result.logprobs[j]
+                sampled.top_logprobs[i] = result.top_logprobs[j]
+                if result.tokens[j] == UNSAMPLEABLE:
                     failures[i] = -2
-        for i in range(count):
-            if i not in failures and sampled.tokens[i] == UNSAMPLEABLE:
-                failures[i] = -2
-            elif i not in failures and not 0 <= sampled.tokens[i] < self.vocab_size:
-                failures[i] = -3
-            sampled.tokens[i] = failures.get(i, sampled.tokens[i])
+        for i, code in failures.items():
+            sampled.tokens[i] = code
         agreed = self._agree_on_samples(sampled)
         errors = {
             request.request_id: _SAMPLING_FAILURES[agreed.tokens[i]]
@@ -487,30 +488,6 @@ class DynamicInferenceEngine:
             if agreed.tokens[i] < 0
         }
         return agreed, errors
-
-    def _sample_into(
-        self,
-        sampled: SampledTokens,
-        indices: Sequence[int],
-        logits: torch.Tensor,
-        requests: Sequence[Request],
-    ) -> None:
-        """Draw the rows ``indices`` of ``logits`` in one batched call into ``sampled``: seeded
-        requests draw from their seed, the others from the engine's generator."""
-        if not indices:
-            return
-        chosen = [requests[i] for i in indices]
-        result = sample(
-            logits[torch.tensor(list(indices), device=logits.device)],
-            [r.sampling_params for r in chosen],
-            self._generator,
-            prompt_tokens=[r.prompt_tokens for r in chosen],
-            output_tokens=[r.generated_tokens for r in chosen],
-        )
-        for j, i in enumerate(indices):
-            sampled.tokens[i] = result.tokens[j]
-            sampled.logprobs[i] = result.logprobs[j]
-            sampled.top_logprobs[i] = result.top_logprobs[j]
 
     def _agree_on_samples(self, sampled: SampledTokens) -> SampledTokens:
         """The tokens and their log-probabilities of the first tensor-parallel rank of the last
