@@ -167,20 +167,26 @@ def per_layer_runs(hf_llama_example):
 ALL_RUNS = [("flat", *run) for run in FLAT_RUNS] + [("hybrid", *run) for run in HYBRID_RUNS]
 
 
+def _assert_trained_like(results, family, strategy, outer, reference, parameter_tolerance):
+    """Losses step for step (``TOLERANCE``) and final parameters of one run against ``reference``."""
+    losses, params = results[(family, f"{strategy}/{outer}")]
+    reference_losses, expected = results[(family, reference)]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses), **TOLERANCE)
+    assert params.keys() == expected.keys()
+    for key, value in params.items():
+        torch.testing.assert_close(
+            value, expected[key], **parameter_tolerance, msg=lambda m, key=key: f"{key}: {m}"
+        )
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(("mesh", "strategy", "outer"), ALL_RUNS)
 def test_per_layer_calls_train_like_one_process(per_layer_runs, family, mesh, strategy, outer):
-    """Losses step for step and final parameters against the model trained in one process."""
-    results = per_layer_runs[mesh]
-    losses, params = results[(family, f"{strategy}/{outer}")]
-    single_losses, single = results[(family, "one process")]
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(single_losses), **TOLERANCE)
-    assert params.keys() == single.keys()
-    for key, value in params.items():
-        torch.testing.assert_close(
-            value, single[key], **PARAMETER_TOLERANCE_VS_ONE_PROCESS, msg=lambda m, key=key: f"{key}: {m}"
-        )
+    """Against the model trained in one process."""
+    _assert_trained_like(
+        per_layer_runs[mesh], family, strategy, outer, "one process", PARAMETER_TOLERANCE_VS_ONE_PROCESS
+    )
 
 
 @requires_fsdp2_on_cpu
@@ -188,14 +194,8 @@ def test_per_layer_calls_train_like_one_process(per_layer_runs, family, mesh, st
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(("mesh", "strategy", "outer"), ALL_RUNS)
 def test_per_layer_calls_train_like_fsdp2(per_layer_runs, family, mesh, strategy, outer):
-    """Losses step for step and final parameters against FSDP2 sharded with the same calls."""
-    results = per_layer_runs[mesh]
-    losses, params = results[(family, f"{strategy}/{outer}")]
-    peer_losses, peer = results[(family, "fsdp2")]
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(peer_losses), **TOLERANCE)
-    assert params.keys() == peer.keys()
-    for key, value in params.items():
-        torch.testing.assert_close(value, peer[key], **TOLERANCE, msg=lambda m, key=key: f"{key}: {m}")
+    """Against FSDP2 sharded with the same calls."""
+    _assert_trained_like(per_layer_runs[mesh], family, strategy, outer, "fsdp2", TOLERANCE)
 
 
 @pytest.mark.distributed
