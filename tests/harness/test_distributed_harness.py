@@ -4,11 +4,12 @@ import gc
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from mcore_testing.distributed import DistributedTestError
+from mcore_testing.distributed import DistributedTestError, _only_gloo_failed_to_connect, _Rank
 
 
 def _all_reduce_rank() -> tuple[int, int, float]:
@@ -222,3 +223,41 @@ def test_ranks_do_not_collect_the_parents_garbage(run_distributed):
     finally:
         gc.enable()
         gc.collect()  # its finalizer returns in this process
+
+
+def _rank_zero_is_alive_when_rank_one_finishes():
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"pid-{dist.get_rank()}", str(os.getpid()))
+    if dist.get_rank() == 0:
+        return None
+    time.sleep(0.5)  # rank 0's body has long returned
+    rank_zero = int(store.get("pid-0"))
+    return Path(f"/proc/{rank_zero}/status").read_text().split("State:")[1].split()[0]
+
+
+def test_no_rank_exits_before_every_body_returned(run_distributed):
+    # A rank exiting early closes sockets a peer may still be handshaking on (gloo's
+    # "connectFullMesh failed ... Connection closed by peer").
+    assert run_distributed(_rank_zero_is_alive_when_rank_one_finishes, 2)[1] in {"S", "R"}
+
+
+def _finished_rank(failure: str, reported_at: float) -> _Rank:
+    rank = _Rank(0, 0, None, Path())
+    rank.reported, rank.succeeded, rank.failure, rank.reported_at = True, not failure, failure, reported_at
+    return rank
+
+
+@pytest.mark.parametrize(
+    ("failures", "repeated"),
+    [
+        (["Gloo connectFullMesh failed with ...", "stopped after a peer failed; it was here"], True),
+        (["Gloo connectFullMesh failed with ...", "Gloo connectFullMesh failed with ..."], True),
+        (["AssertionError: 1 != 2", "stopped after a peer failed; it was here"], False),
+        (["Gloo connectFullMesh failed with ...", "AssertionError: 1 != 2"], False),
+        (["stopped after a peer failed", "Gloo connectFullMesh failed with ..."], False),
+        (["", ""], False),
+    ],
+)
+def test_only_a_run_stopped_by_gloo_connecting_is_repeated(failures, repeated):
+    ranks = [_finished_rank(failure, at) for at, failure in enumerate(failures)]
+    assert _only_gloo_failed_to_connect(ranks) is repeated

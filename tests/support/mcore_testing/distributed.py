@@ -36,6 +36,7 @@ _GRACE_AFTER_FAILURE_S = 2.0
 # processes making and dropping loopback connections (a port just freed by one is reused by
 # another). That is the transport, not the code under test: such a run is repeated once.
 _GLOO_CONNECT_FAILURE = "Gloo connectFullMesh failed"
+_STOPPED_AFTER_PEER_FAILED = "stopped after a peer failed"
 # Ranks are forked, and a process forked after CUDA's runtime was initialized cannot use CUDA.
 # ``torch.cuda.is_available()`` initializes it (and so poisons every later fork) unless it is told
 # to ask NVML instead: this makes every availability check in the forking process fork-safe.
@@ -79,8 +80,7 @@ def run_distributed(
             "touch CUDA only inside the body"
         )
     ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
-    failed = [rank for rank in ranks if not rank.succeeded]
-    if failed and all(_GLOO_CONNECT_FAILURE in rank.failure for rank in failed):
+    if _only_gloo_failed_to_connect(ranks):
         warnings.warn(f"gloo could not connect the ranks of {body!r}; running it once more", stacklevel=2)
         ranks = _run_once(body, world_size, args, kwargs, timeout, backend, init_process_group)
     # The first rank to fail usually caused the others to fail: report it first.
@@ -88,6 +88,18 @@ def run_distributed(
     if failures:
         raise DistributedTestError(_failure_report(body, world_size, failures))
     return [rank.result for rank in ranks]
+
+
+def _only_gloo_failed_to_connect(ranks: list[_Rank]) -> bool:
+    """Whether the first rank to fail could not connect a gloo group and every other failed rank
+    either hit the same or was stopped waiting for it."""
+    failures = sorted((rank for rank in ranks if not rank.succeeded), key=lambda rank: rank.reported_at)
+    if not failures or _GLOO_CONNECT_FAILURE not in failures[0].failure:
+        return False
+    return all(
+        _GLOO_CONNECT_FAILURE in rank.failure or rank.failure.startswith(_STOPPED_AFTER_PEER_FAILED)
+        for rank in failures[1:]
+    )
 
 
 def _run_once(
@@ -131,6 +143,7 @@ class _Rendezvous:
         self.timeout = timeout
         self.init = init
         self.store_path = str(workdir / "store")
+        self.exit_store_path = str(workdir / "exit-store")
         self.master_port = None if init else _free_port()
 
     def join(self, rank: int) -> None:
@@ -156,6 +169,21 @@ class _Rendezvous:
             world_size=self.world_size,
             timeout=timedelta(seconds=self.timeout * 0.8),
         )
+
+    def wait_for_every_body(self) -> None:
+        """Return once every rank's body has returned.
+
+        A rank that exits early closes its sockets while a peer may still be finishing the
+        connection handshake of a group they share (``new_group`` returns on one rank before the
+        other has read its last message), and that peer's setup then fails.
+        """
+        import torch.distributed as dist
+
+        store = dist.FileStore(self.exit_store_path, self.world_size)
+        store.set_timeout(timedelta(seconds=self.timeout))
+        if store.add("bodies_returned", 1) == self.world_size:
+            store.set("every_body_returned", "1")
+        store.wait(["every_body_returned"])
 
 
 class _Rank:
@@ -252,6 +280,7 @@ def _run_rank(
                 # Plain pickle: tensors travel by value, not as shared memory that would vanish
                 # with this process.
                 sender.send_bytes(pickle.dumps(("ok", result)))
+                rendezvous.wait_for_every_body()
             except BaseException:
                 sender.send_bytes(pickle.dumps(("error", traceback.format_exc())))
     except BaseException:
@@ -274,7 +303,7 @@ def _collect(ranks: list[_Rank], timeout: float) -> None:
         ready = wait(pending, timeout=max(remaining, 0))
         if not ready:
             peer_failed = any(rank.reported and not rank.succeeded for rank in ranks)
-            reason = "stopped after a peer failed" if peer_failed else f"did not finish within {timeout:g} s"
+            reason = _STOPPED_AFTER_PEER_FAILED if peer_failed else f"did not finish within {timeout:g} s"
             _interrupt([rank for rank in ranks if not rank.reported], reason)
             return
         for conn in ready:
