@@ -293,15 +293,15 @@ def test_transient_errors_in_the_forward_are_retried(make_model, make_engine, or
 def test_a_programming_error_in_sampling_surfaces_without_half_advancing(
     make_model, make_engine, oracle, monkeypatch
 ):
-    import mcore_inference.engine as engine_module
+    import mcore_inference.step_sampling as sampling_module
 
     model = make_model()
     engine = make_engine(model)
     params = SamplingParams(num_tokens_to_generate=4, **GREEDY)
     requests = [engine.add_request(p, params) for p in ([1, 2, 3], [4, 5])]
-    real_sample = engine_module.sample
+    real_sample = sampling_module.sample
     monkeypatch.setattr(
-        engine_module, "sample", lambda *a, **k: (_ for _ in ()).throw(TypeError("sampler bug"))
+        sampling_module, "sample", lambda *a, **k: (_ for _ in ()).throw(TypeError("sampler bug"))
     )
     with pytest.raises(TypeError, match="sampler bug"):
         engine.step()
@@ -309,7 +309,7 @@ def test_a_programming_error_in_sampling_surfaces_without_half_advancing(
         assert request.status is RequestStatus.FAILED and "sampler bug" in request.error
         assert request.generated_tokens == []
     assert _all_blocks_free(engine)
-    monkeypatch.setattr(engine_module, "sample", real_sample)
+    monkeypatch.setattr(sampling_module, "sample", real_sample)
     (request,) = engine.generate([[1, 2, 3]], params)
     assert request.generated_tokens == oracle(model, [1, 2, 3], 4)
 

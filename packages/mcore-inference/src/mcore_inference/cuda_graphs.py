@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 
@@ -9,7 +10,7 @@ import torch
 from mcore_api import internal_api
 from mcore_models import InferenceModel
 
-from .buckets import InferenceBatchDimensions, match_bucket
+from .buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
 from .context import DynamicInferenceContext
 from .model_runner import DecodeBuffers, ModelRunner
 from .scheduler import ScheduledChunk
@@ -108,3 +109,27 @@ class DecodeGraphRunner:
         """Drop every captured graph (they read the freed cache); later steps capture anew."""
         self._graphs.clear()
         self._pool = None
+
+
+def graph_runner_for(
+    model: InferenceModel,
+    context: DynamicInferenceContext,
+    cuda_graphs: bool | Sequence[InferenceBatchDimensions],
+    pipeline: object | None,
+) -> DecodeGraphRunner | None:
+    """The engine's runner for its ``cuda_graphs`` argument: ``None`` for ``False``; for ``True``
+    the buckets of ``build_batch_buckets``; on a CPU model the padded steps run eagerly, with a
+    warning. Pipeline stages (``pipeline`` not ``None``) are refused."""
+    if cuda_graphs is False:
+        return None
+    if pipeline is not None:
+        raise NotImplementedError("cuda_graphs with pipeline stages is not supported; run the stages eagerly")
+    if cuda_graphs is True:
+        cuda_graphs = build_batch_buckets(min(context.max_requests, context.max_tokens), context.max_tokens)
+    capture = context.device.type == "cuda"
+    if not capture:
+        warnings.warn(
+            f"cuda_graphs needs a CUDA model; padded decode steps run eagerly on {context.device}",
+            stacklevel=3,
+        )
+    return DecodeGraphRunner(model, context, cuda_graphs, capture=capture)

@@ -2,97 +2,42 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import operator
 import threading
 import time
-import warnings
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from mcore_models import InferenceModel, missing_inference_members
-from mcore_parallel import ProcessGroupCollection, get_group_device
+from mcore_models import InferenceModel
+from mcore_parallel import ProcessGroupCollection
 
-from .buckets import InferenceBatchDimensions, build_batch_buckets
+from .async_driver import AsyncDriver
+from .buckets import InferenceBatchDimensions
 from .context import DynamicInferenceContext
-from .cuda_graphs import DecodeGraphRunner
-from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError
+from .cuda_graphs import graph_runner_for
+from .errors import EngineShutdownError, InvalidRequestError, MaxSequenceLengthOverflowError, is_transient
 from .model_runner import ModelRunner
 from .pipeline import PipelineStage, model_groups
 from .request import Request, RequestEventType, RequestOutput, RequestStatus
-from .sampler import UNSAMPLEABLE, SampledTokens, sample
+from .request_intake import (
+    check_model,
+    prompts_with_params,
+    resolve_eos_token_ids,
+    tokenize,
+    validate_request,
+)
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
+from .step_sampling import StepSampler, prompt_logprobs
+from .stopping import stop_reason
 
 OutputCallback = Callable[[RequestOutput], None]
 
 _logger = logging.getLogger(__name__)
-
-
-def _is_transient(error: Exception) -> bool:
-    """Whether a failed forward is worth recomputing: runtime and I/O errors of the device or of a
-    collective (``torch.OutOfMemoryError``, ``torch.distributed.DistError``, a pipeline stage's
-    failure are ``RuntimeError``s). ``NotImplementedError``, ``RecursionError`` and every other type
-    (``TypeError``, ``ValueError``, ``AttributeError``, ``IndexError``, ``InferenceError``, ...) are
-    programming errors: they surface."""
-    return isinstance(error, (RuntimeError, OSError)) and not isinstance(
-        error, (NotImplementedError, RecursionError)
-    )
-
-
-def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
-    """Rows of ``logits [R, V]`` that no token can be sampled from: a NaN, a ``+inf``, or every
-    entry ``-inf`` (single ``-inf`` entries are masked tokens and fine): exactly the rows whose
-    maximum is not finite, as max reductions propagate NaN. One pass over the logits."""
-    return (~torch.isfinite(logits.amax(dim=-1))).tolist()
-
-
-_SAMPLING_FAILURES = {
-    -1: "non-finite logits (NaN or +inf, or every token -inf) at sampling time",
-    -2: "sampling failed: the distribution after temperature and filters is not valid (NaN or inf)",
-}
-"""Why a row could not be sampled, by the negative token id that stands for it in the broadcast."""
-
-
-def _token_ids(tokens: object, source: str) -> list[int]:
-    """``tokens`` as a list of ints, or ``InvalidRequestError("prompt", ...)``: a list, tuple, range
-    or 1-D integer tensor/array of ints; not a string, bytes, a mapping, a set, a scalar, floats,
-    ``None``s or nested lists."""
-    if isinstance(tokens, (str, bytes, bytearray, Mapping, set, frozenset)) or not isinstance(
-        tokens, Iterable
-    ):
-        raise InvalidRequestError(
-            "prompt", f"{source} must be a list of token ids (ints) or a string, got {type(tokens).__name__}"
-        )
-    ids = []
-    for token in tokens:
-        if isinstance(token, (bool, float)):
-            raise InvalidRequestError("prompt", f"{source} token ids must be ints, got {token!r}")
-        try:
-            ids.append(operator.index(token))
-        except TypeError:
-            raise InvalidRequestError(
-                "prompt", f"{source} token ids must be ints, got {token!r:.80} ({type(token).__name__})"
-            ) from None
-    return ids
-
-
-def _check_model(model: object) -> None:
-    """``TypeError`` naming what ``model`` lacks of ``InferenceModel``; ``ValueError`` if it is
-    in training mode."""
-    missing = missing_inference_members(model)
-    if missing:
-        raise TypeError(
-            f"model must implement mcore_models.InferenceModel; {type(model).__name__} lacks {', '.join(missing)}"
-        )
-    if model.training:
-        raise ValueError("model is in training mode: call model.eval() first (the engine does not change it)")
 
 
 class DynamicInferenceEngine:
@@ -148,7 +93,7 @@ class DynamicInferenceEngine:
         pg_collection: ProcessGroupCollection | None = None,
         **context_kwargs: Any,
     ):
-        _check_model(model)
+        check_model(model)
         self.model = model
         self.context = (
             context
@@ -158,13 +103,13 @@ class DynamicInferenceEngine:
         self.scheduler = Scheduler(self.context)
         self.vocab_size = model.vocab_size
         self.tokenizer = tokenizer
-        self.eos_token_ids = self._eos_token_ids(eos_token_id)
+        self.eos_token_ids = resolve_eos_token_ids(eos_token_id, model, tokenizer, self.vocab_size)
         self.max_transient_retries = max_transient_retries
         tp_group = model.tp_group
         self._tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
         self._pipeline = PipelineStage.of(model, model_groups(model, pg_collection))
         self.runner = ModelRunner(model, self.context, self._pipeline)
-        self._generator = torch.Generator().manual_seed(seed)
+        self._sampler = StepSampler(torch.Generator().manual_seed(seed), self._tp_group, self._pipeline)
         self._ids = itertools.count()
         self._incoming: deque[Request] = deque()  # appended from any thread, drained by step()
         self._callbacks: dict[int, OutputCallback] = {}
@@ -174,56 +119,16 @@ class DynamicInferenceEngine:
         self._stepping = False
         self._retries: dict[int, int] = {}
         self._lock = threading.RLock()
-        self._driver: asyncio.Task | None = None
+        self._async = AsyncDriver(self, self._fail_unfinished)
         self._suspended = False
         self._shutdown = False
         self.step_count = 0
-        self.graph_runner = self._graph_runner(cuda_graphs)
-
-    def _eos_token_ids(self, eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
-        if eos_token_id is not None:
-            source, ids = "eos_token_id", eos_token_id
-        elif self.model.eos_token_ids:
-            source, ids = "the model's eos_token_ids", self.model.eos_token_ids
-        else:
-            source, ids = "the tokenizer's eod_id", getattr(self.tokenizer, "eod_id", None)
-        ids = () if ids is None else (ids,) if isinstance(ids, int) else tuple(ids)
-        outside = [
-            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if outside:
-            raise ValueError(
-                f"{source} must be token ids in [0, {self.vocab_size}), got {outside}; "
-                "pass eos_token_id (a list, [] for none) to choose others"
-            )
-        return ids
+        self.graph_runner = graph_runner_for(model, self.context, cuda_graphs, self._pipeline)
 
     @property
     def eos_token_id(self) -> int | None:
         """The first of ``eos_token_ids``, or ``None`` when there are none."""
         return self.eos_token_ids[0] if self.eos_token_ids else None
-
-    def _graph_runner(
-        self, cuda_graphs: bool | Sequence[InferenceBatchDimensions]
-    ) -> DecodeGraphRunner | None:
-        if cuda_graphs is False:
-            return None
-        if self._pipeline is not None:
-            raise NotImplementedError(
-                "cuda_graphs with pipeline stages is not supported; run the stages eagerly"
-            )
-        context = self.context
-        if cuda_graphs is True:
-            cuda_graphs = build_batch_buckets(
-                min(context.max_requests, context.max_tokens), context.max_tokens
-            )
-        capture = context.device.type == "cuda"
-        if not capture:
-            warnings.warn(
-                f"cuda_graphs needs a CUDA model; padded decode steps run eagerly on {context.device}",
-                stacklevel=3,
-            )
-        return DecodeGraphRunner(self.model, context, cuda_graphs, capture=capture)
 
     # ----------------------------------------------------------------- requests
     def add_request(
@@ -258,9 +163,9 @@ class DynamicInferenceEngine:
                 raise InvalidRequestError(
                     "sampling_params", f"must be a SamplingParams or None, got {type(params).__name__}"
                 )
-            request.prompt_tokens = self._tokenize(prompt)
+            request.prompt_tokens = tokenize(prompt, self.tokenizer)
             request.tokens = list(request.prompt_tokens)
-            self._validate(request)
+            validate_request(request, self.vocab_size, self.tokenizer, self.context)
         except (InvalidRequestError, MaxSequenceLengthOverflowError) as error:
             self._fail(request, f"{type(error).__name__}: {error}")
             return request
@@ -269,38 +174,6 @@ class DynamicInferenceEngine:
         self._unfinished[request.request_id] = request
         self._incoming.append(request)
         return request
-
-    def _tokenize(self, prompt: Sequence[int] | str) -> list[int]:
-        if not isinstance(prompt, str):
-            return _token_ids(prompt, "prompt")
-        if self.tokenizer is None:
-            raise InvalidRequestError("prompt", "a text prompt needs an engine with a tokenizer")
-        try:
-            encoded = self.tokenizer.encode(prompt)
-        except Exception as error:  # the tokenizer is the caller's; its failure is this request's
-            raise InvalidRequestError(
-                "prompt", f"the tokenizer could not encode it: {type(error).__name__}: {error}"
-            ) from error
-        return _token_ids(encoded, "the tokenizer's encoding of prompt:")
-
-    def _validate(self, request: Request) -> None:
-        params, prompt = request.sampling_params, request.prompt_tokens
-        params.validate(self.vocab_size)
-        if not prompt:
-            raise InvalidRequestError("prompt", "must hold at least one token")
-        outside = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if outside:
-            raise InvalidRequestError(
-                "prompt", f"token ids must be in [0, {self.vocab_size}), got {outside[:8]}"
-            )
-        if params.num_tokens_total is not None and params.num_tokens_total <= len(prompt):
-            raise InvalidRequestError(
-                "num_tokens_total",
-                f"must exceed the prompt length {len(prompt)}, got {params.num_tokens_total}",
-            )
-        if params.stop_strings and self.tokenizer is None:
-            raise InvalidRequestError("stop_strings", "need an engine with a tokenizer")
-        self.context.check_sequence_length(params.max_total_length(len(prompt)))
 
     def has_unfinished_requests(self) -> bool:
         """Whether a request is queued, waiting or active."""
@@ -374,7 +247,7 @@ class DynamicInferenceEngine:
         except Exception as error:
             # Pipeline stages other than the failed one only know that it failed, not how: all of
             # them retry, so that every stage keeps the same requests.
-            if _is_transient(error) or self._pipeline is not None:  # recompute, a few times
+            if is_transient(error) or self._pipeline is not None:  # recompute, a few times
                 return self._retry(chunks, error)
             self._fail_step(chunks, error)
             raise
@@ -415,11 +288,11 @@ class DynamicInferenceEngine:
             and chunk.end < chunk.request.sampling_params.max_total_length(len(chunk.request.prompt_tokens))
         ]
         requests = [r for r, _ in sampling]
-        sampled, errors = self._sample([row for _, row in sampling], requests, logits)
+        sampled, errors = self._sampler.sample([row for _, row in sampling], requests, logits)
         for chunk, rows in zip(chunks, logits_slices, strict=True):
             request = chunk.request
             if chunk.logits == "all":
-                self._record_prompt_logprobs(chunk, logits[rows])
+                prompt_logprobs(chunk, logits[rows])
             request.num_computed_tokens = chunk.end
             if request.request_id not in errors:  # NaN logits may come with NaN keys/values
                 self.scheduler.register_full_blocks(request)
@@ -440,94 +313,12 @@ class DynamicInferenceEngine:
                 request.generated_top_logprobs.append(sampled.top_logprobs[i])
             if len(request.generated_tokens) == 1:
                 request.add_event(RequestEventType.FIRST_TOKEN)
-            reason = self._stop_reason(request, token)
+            reason = stop_reason(request, token, self.eos_token_ids, self.tokenizer)
             if reason is None:
                 self._emit(request, [token])
             else:
                 self._complete(request, reason, [token])
         return [chunk.request for chunk in chunks if chunk.request.finished]
-
-    def _sample(
-        self, rows: Sequence[int], requests: Sequence[Request], logits: torch.Tensor
-    ) -> tuple[SampledTokens, dict[int, str]]:
-        """The next token of each of ``requests`` from its row of ``logits``, agreed over the
-        ranks, and the error of each request (by id) that no token can be sampled for: NaN/inf
-        logits, or a distribution the sampler finds invalid after temperature and filters
-        (``UNSAMPLEABLE``). Those rows alone fail. A failure travels to the other ranks as a
-        negative token id (``_SAMPLING_FAILURES``), so every rank fails the same requests with the
-        same message: the source rank's. Seeded requests draw from their seed, the others from
-        the engine's generator."""
-        count = len(requests)
-        sampled = SampledTokens([-1] * count, [float("nan")] * count, [{} for _ in range(count)])
-        if not count:
-            return sampled, {}
-        logits = logits[torch.tensor(list(rows), device=logits.device)].float()
-        failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
-        good = [i for i in range(count) if i not in failures]
-        if good:
-            chosen = [requests[i] for i in good]
-            result = sample(
-                logits[torch.tensor(good, device=logits.device)],
-                [r.sampling_params for r in chosen],
-                self._generator,
-                prompt_tokens=[r.prompt_tokens for r in chosen],
-                output_tokens=[r.generated_tokens for r in chosen],
-            )
-            for j, i in enumerate(good):
-                sampled.tokens[i] = result.tokens[j]
-                sampled.logprobs[i] = result.logprobs[j]
-                sampled.top_logprobs[i] = result.top_logprobs[j]
-                if result.tokens[j] == UNSAMPLEABLE:
-                    failures[i] = -2
-        for i, code in failures.items():
-            sampled.tokens[i] = code
-        agreed = self._agree_on_samples(sampled)
-        errors = {
-            request.request_id: _SAMPLING_FAILURES[agreed.tokens[i]]
-            for i, request in enumerate(requests)
-            if agreed.tokens[i] < 0
-        }
-        return agreed, errors
-
-    def _agree_on_samples(self, sampled: SampledTokens) -> SampledTokens:
-        """The tokens and their log-probabilities of the first tensor-parallel rank of the last
-        pipeline stage: tensor-parallel ranks take their first rank's, then the last stage's."""
-        hops = [] if self._tp_group is None else [(self._tp_group, dist.get_global_rank(self._tp_group, 0))]
-        if self._pipeline is not None:
-            hops.append((self._pipeline.group, self._pipeline.last_rank))
-        if not hops:
-            return sampled
-        device = get_group_device(hops[0][0])  # token ids are exact in float64
-        values = torch.tensor([sampled.tokens, sampled.logprobs], dtype=torch.float64, device=device)
-        for group, source in hops:
-            dist.broadcast(values, src=source, group=group)
-        return replace(sampled, tokens=values[0].long().tolist(), logprobs=values[1].tolist())
-
-    def _record_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
-        request = chunk.request
-        prompt = request.prompt_tokens
-        targets = range(chunk.start + 1, min(chunk.end + 1, len(prompt)))
-        if not targets or len(request.prompt_logprobs) != targets.start:  # recomputed after preemption
-            return
-        logprobs = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
-        index = torch.tensor([prompt[t] for t in targets], device=logprobs.device).unsqueeze(1)
-        request.prompt_logprobs.extend(logprobs.gather(1, index).squeeze(1).tolist())
-
-    def _stop_reason(self, request: Request, token: int) -> str | None:
-        params = request.sampling_params
-        if token in params.stop_token_ids:
-            return "stop_token"
-        if not params.ignore_eos and token in self.eos_token_ids:
-            return "eos"
-        if params.stop_strings:
-            text = self.tokenizer.decode(request.generated_tokens)
-            cuts = [text.find(s) for s in params.stop_strings if s in text]
-            if cuts:
-                request.generated_text = text[: min(cuts)]
-                return "stop_string"
-        if len(request.tokens) >= params.max_total_length(len(request.prompt_tokens)):
-            return "length"
-        return None
 
     def _emit(self, request: Request, new_tokens: list[int]) -> None:
         callback = self._callbacks.get(request.request_id)
@@ -575,36 +366,14 @@ class DynamicInferenceEngine:
         all are done. An invalid prompt or parameter fails its request alone (see
         ``add_request``); a single prompt instead of a list of them, or a list of parameters of
         another length, raises ``InvalidRequestError``."""
-        if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Iterable):
-            raise InvalidRequestError(
-                "prompts",
-                f"must be a list of prompts (wrap a single one in a list), got {type(prompts).__name__}",
-            )
-        prompts = list(prompts)
-        if prompts and all(isinstance(p, int) for p in prompts):
-            raise InvalidRequestError(
-                "prompts", "must be a list of prompts, got one list of ints: wrap it in a list"
-            )
-        params = self._params_per_prompt(prompts, sampling_params)
-        requests = [self.add_request(p, s) for p, s in zip(prompts, params, strict=True)]
+        requests = [self.add_request(p, s) for p, s in prompts_with_params(prompts, sampling_params)]
         while not all(r.finished for r in requests):
             if self._suspended:
                 raise RuntimeError("the engine is suspended; resume() it before generating")
             self.step()
         return requests
 
-    @staticmethod
-    def _params_per_prompt(prompts, sampling_params) -> list[SamplingParams | None]:
-        if not isinstance(sampling_params, (list, tuple)):  # one for all (add_request checks it)
-            return [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise InvalidRequestError(
-                "sampling_params",
-                f"got {len(sampling_params)} for {len(prompts)} prompts; give one, or one each",
-            )
-        return list(sampling_params)
-
-    async def stream(
+    def stream(
         self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Yield a ``RequestOutput`` per new token of ``prompt``, the last with ``finished=True``.
@@ -614,56 +383,14 @@ class DynamicInferenceEngine:
         before its last output (``break``, ``aclose()``, the iterator garbage collected, the
         consuming task cancelled) aborts the request (see ``abort``), which frees its blocks at
         the next step boundary."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def deliver(output: RequestOutput) -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(queue.put_nowait, output)
-
-        request = self.add_request(prompt, sampling_params, on_output=deliver)
-        if request.finished:  # failed validation; its output was already delivered
-            yield await queue.get()
-            return
-        try:
-            self._ensure_driver(loop)
-            while True:
-                output = await queue.get()
-                yield output
-                if output.finished:
-                    return
-        finally:  # left early: nobody wants the rest
-            if not request.finished:
-                self.abort(request.request_id)
+        return self._async.stream(prompt, sampling_params)
 
     async def generate_async(
         self, prompt: Sequence[int] | str, sampling_params: SamplingParams | None = None
     ) -> Request:
         """Await the finished ``Request`` of ``prompt`` (see ``stream``); cancelling the awaiting
         task aborts the request."""
-        stream = self.stream(prompt, sampling_params)
-        try:
-            async for output in stream:
-                if output.finished:
-                    return output.request
-        finally:
-            await stream.aclose()  # runs the stream's abort now, not when it is collected
-        raise AssertionError("a stream always ends with a finished output")
-
-    def _ensure_driver(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._driver is None or self._driver.done() or self._driver.get_loop() is not loop:
-            self._driver = loop.create_task(self._drive())
-
-    async def _drive(self) -> None:
-        while not self._shutdown and self.has_unfinished_requests():
-            if self._suspended:
-                await asyncio.sleep(0.01)
-                continue
-            try:
-                await asyncio.to_thread(self.step)
-            except Exception as error:  # nobody awaits this task: log it, and wake every waiter
-                _logger.exception("engine step raised; failing the unfinished requests")
-                self._fail_unfinished(f"{type(error).__name__}: {error}")
+        return await self._async.generate(prompt, sampling_params)
 
     def _fail_unfinished(self, message: str) -> None:
         with self._lock:

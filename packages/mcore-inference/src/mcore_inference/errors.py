@@ -37,3 +37,14 @@ class InvalidRequestError(InferenceError, ValueError):
 
 class EngineShutdownError(InferenceError):
     """The engine was shut down; it takes no more requests."""
+
+
+def is_transient(error: Exception) -> bool:
+    """Whether a failed forward is worth recomputing: runtime and I/O errors of the device or of a
+    collective (``torch.OutOfMemoryError``, ``torch.distributed.DistError``, a pipeline stage's
+    failure are ``RuntimeError``s). ``NotImplementedError``, ``RecursionError`` and every other type
+    (``TypeError``, ``ValueError``, ``AttributeError``, ``IndexError``, ``InferenceError``, ...) are
+    programming errors: they surface."""
+    return isinstance(error, (RuntimeError, OSError)) and not isinstance(
+        error, (NotImplementedError, RecursionError)
+    )

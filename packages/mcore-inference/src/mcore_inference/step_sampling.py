@@ -1,0 +1,120 @@
+"""The tokens of one engine step: sampled from its logits, row failures marked, and agreed over
+the tensor- and pipeline-parallel ranks so that every rank advances its requests alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import get_group_device
+
+from .pipeline import PipelineStage
+from .request import Request
+from .sampler import UNSAMPLEABLE, SampledTokens, sample
+from .scheduler import ScheduledChunk
+
+SAMPLING_FAILURES = {
+    -1: "non-finite logits (NaN or +inf, or every token -inf) at sampling time",
+    -2: "sampling failed: the distribution after temperature and filters is not valid (NaN or inf)",
+}
+"""Why a row could not be sampled, by the negative token id that stands for it in the broadcast."""
+
+
+def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
+    """Rows of ``logits [R, V]`` that no token can be sampled from: a NaN, a ``+inf``, or every
+    entry ``-inf`` (single ``-inf`` entries are masked tokens and fine): exactly the rows whose
+    maximum is not finite, as max reductions propagate NaN. One pass over the logits."""
+    return (~torch.isfinite(logits.amax(dim=-1))).tolist()
+
+
+def _select_rows(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """``logits[rows]``, without a copy when ``rows`` are all of them in order (most steps)."""
+    if len(rows) == len(logits) and all(row == i for i, row in enumerate(rows)):
+        return logits
+    return logits[torch.tensor(list(rows), device=logits.device)]
+
+
+class StepSampler:
+    """Samples a step's requests with ``generator`` (the engine's, for unseeded draws) and makes
+    every rank take the tokens of the first rank of ``tp_group`` (``None``: no tensor
+    parallelism) on the last stage of ``pipeline`` (``None``: one stage)."""
+
+    def __init__(
+        self,
+        generator: torch.Generator,
+        tp_group: dist.ProcessGroup | None,
+        pipeline: PipelineStage | None,
+    ):
+        self.generator, self.tp_group, self.pipeline = generator, tp_group, pipeline
+
+    def sample(
+        self, rows: Sequence[int], requests: Sequence[Request], logits: torch.Tensor
+    ) -> tuple[SampledTokens, dict[int, str]]:
+        """The next token of each of ``requests`` from its row of ``logits``, agreed over the
+        ranks, and the error of each request (by id) that no token can be sampled for: NaN/inf
+        logits, or a distribution the sampler finds invalid after temperature and filters
+        (``UNSAMPLEABLE``). Those rows alone fail. A failure travels to the other ranks as a
+        negative token id (``SAMPLING_FAILURES``), so every rank fails the same requests with the
+        same message: the source rank's. Seeded requests draw from their seed, the others from
+        the generator."""
+        count = len(requests)
+        sampled = SampledTokens([-1] * count, [float("nan")] * count, [{} for _ in range(count)])
+        if not count:
+            return sampled, {}
+        # float32 first: reductions (the finiteness check, argmax) are several times faster in it.
+        logits = _select_rows(logits, rows).float()
+        failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
+        good = [i for i in range(count) if i not in failures]
+        if good:
+            chosen = [requests[i] for i in good]
+            result = sample(
+                _select_rows(logits, good),
+                [r.sampling_params for r in chosen],
+                self.generator,
+                prompt_tokens=[r.prompt_tokens for r in chosen],
+                output_tokens=[r.generated_tokens for r in chosen],
+            )
+            for j, i in enumerate(good):
+                sampled.tokens[i] = result.tokens[j]
+                sampled.logprobs[i] = result.logprobs[j]
+                sampled.top_logprobs[i] = result.top_logprobs[j]
+                if result.tokens[j] == UNSAMPLEABLE:
+                    failures[i] = -2
+        for i, code in failures.items():
+            sampled.tokens[i] = code
+        agreed = self.agree(sampled)
+        errors = {
+            request.request_id: SAMPLING_FAILURES[agreed.tokens[i]]
+            for i, request in enumerate(requests)
+            if agreed.tokens[i] < 0
+        }
+        return agreed, errors
+
+    def agree(self, sampled: SampledTokens) -> SampledTokens:
+        """The tokens and their log-probabilities of the first tensor-parallel rank of the last
+        pipeline stage: tensor-parallel ranks take their first rank's, then the last stage's."""
+        hops = [] if self.tp_group is None else [(self.tp_group, dist.get_global_rank(self.tp_group, 0))]
+        if self.pipeline is not None:
+            hops.append((self.pipeline.group, self.pipeline.last_rank))
+        if not hops:
+            return sampled
+        device = get_group_device(hops[0][0])  # token ids are exact in float64
+        values = torch.tensor([sampled.tokens, sampled.logprobs], dtype=torch.float64, device=device)
+        for group, source in hops:
+            dist.broadcast(values, src=source, group=group)
+        return replace(sampled, tokens=values[0].long().tolist(), logprobs=values[1].tolist())
+
+
+def prompt_logprobs(chunk: ScheduledChunk, logits: torch.Tensor) -> None:
+    """Append to ``chunk.request.prompt_logprobs`` the log-probability of each prompt token that
+    ``logits`` (the chunk's rows) predict; a chunk recomputed after preemption adds nothing."""
+    request = chunk.request
+    prompt = request.prompt_tokens
+    targets = range(chunk.start + 1, min(chunk.end + 1, len(prompt)))
+    if not targets or len(request.prompt_logprobs) != targets.start:
+        return
+    logprobs = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
+    index = torch.tensor([prompt[t] for t in targets], device=logprobs.device).unsqueeze(1)
+    request.prompt_logprobs.extend(logprobs.gather(1, index).squeeze(1).tolist())
