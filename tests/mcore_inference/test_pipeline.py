@@ -97,6 +97,50 @@ def test_failed_forward_on_one_stage_is_retried_on_every_stage(
     ]
 
 
+class _BuggyStage:
+    """Wraps a stage whose ``inference_forward`` has a programming error on ``stage``."""
+
+    def __init__(self, model, stage):
+        self.model, self.stage = model, stage
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def inference_forward(self, *args, **kwargs):
+        if torch.distributed.get_rank() == self.stage:
+            raise TypeError("a bug in stage code")
+        return self.model.inference_forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("buggy_stage", [0, 1])
+def test_a_programming_error_on_one_stage_fails_the_step_on_every_stage(
+    run_distributed, split_model_builder, make_engine, buggy_stage
+):
+    def body():
+        model, _ = split_model_builder(pp=2)
+        engine = make_engine(_BuggyStage(model, buggy_stage))
+        request = engine.add_request([1, 2, 3, 4, 5], SamplingParams(num_tokens_to_generate=4, **GREEDY))
+        try:
+            engine.step()
+        except Exception as error:
+            raised = f"{type(error).__name__}: {error}"
+        else:
+            raised = None
+        transient = [e for e in request.events if e.type is RequestEventType.ERROR_TRANSIENT]
+        return raised, request.status.name, request.error, len(transient)
+
+    outcomes = run_distributed(body, 2, timeout=60)
+    other = 1 - buggy_stage
+    assert outcomes[buggy_stage] == (
+        "TypeError: a bug in stage code",
+        "FAILED",
+        "TypeError: a bug in stage code",
+        0,
+    )
+    message = f"PipelineStageError: pipeline stage {buggy_stage} failed this step's forward with a non-transient error"
+    assert outcomes[other] == (message, "FAILED", message, 0)
+
+
 def test_a_stage_without_its_pipeline_group_is_refused(groups, model_builder):
     from mcore_inference import DynamicInferenceEngine
 

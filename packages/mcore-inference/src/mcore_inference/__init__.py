@@ -16,6 +16,7 @@ from mcore_inference.errors import (
     InferenceError,
     InvalidRequestError,
     MaxSequenceLengthOverflowError,
+    PipelineStageError,
     RequestOverflowError,
     TokenOverflowError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "InferenceError",
     "InvalidRequestError",
     "MaxSequenceLengthOverflowError",
+    "PipelineStageError",
     "Request",
     "RequestEvent",
     "RequestEventType",

@@ -62,7 +62,8 @@ class DynamicInferenceEngine:
     ``TypeError`` naming it). ``model`` may be one pipeline stage (``pre_process`` /
     ``post_process`` of its rank in the pipeline group): the stages pass hidden states on and the
     last one broadcasts its logits to all (``PipelineStage.forward``; a forward that raises on one
-    stage makes every rank raise and retry the step's requests alike). Every rank of the model
+    stage makes every rank raise, and retry or fail the step's requests alike, by that error's
+    kind). Every rank of the model
     replica runs its own engine with the same requests added in the same order, and every rank
     samples; they all take the tokens and log-probabilities of the first tensor-parallel rank of
     the last stage, so each rank's ``Request`` objects hold the same results. The groups are
@@ -245,9 +246,9 @@ class DynamicInferenceEngine:
             else:
                 logits, logits_slices = self.runner.run(chunks)
         except Exception as error:
-            # Pipeline stages other than the failed one only know that it failed, not how: all of
-            # them retry, so that every stage keeps the same requests.
-            if is_transient(error) or self._pipeline is not None:  # recompute, a few times
+            # Every pipeline stage classifies a failure alike (PipelineStage.forward passes its
+            # kind on), so all stages retry or all fail the same requests.
+            if is_transient(error):  # recompute, a few times
                 return self._retry(chunks, error)
             self._fail_step(chunks, error)
             raise

@@ -39,6 +39,11 @@ class EngineShutdownError(InferenceError):
     """The engine was shut down; it takes no more requests."""
 
 
+class PipelineStageError(InferenceError):
+    """Another pipeline stage's forward raised a non-transient error in this step (that stage
+    raises the error itself)."""
+
+
 def is_transient(error: Exception) -> bool:
     """Whether a failed forward is worth recomputing: runtime and I/O errors of the device or of a
     collective (``torch.OutOfMemoryError``, ``torch.distributed.DistError``, a pipeline stage's

@@ -8,6 +8,8 @@ from mcore_models import InferenceContext, InferenceModel
 from mcore_parallel import P2PCommunicator, ProcessGroupCollection, get_group_device
 from mcore_parallel.parallel_state import get_process_group_collection, model_parallel_is_initialized
 
+from .errors import PipelineStageError, is_transient
+
 
 def _size(group: dist.ProcessGroup | None) -> int:
     return 1 if group is None else dist.get_world_size(group)
@@ -105,8 +107,9 @@ class PipelineStage:
     """This rank's stage of a model split over ``group``; ``forward`` runs a step across the stages.
 
     Stage messages carry a status after their payload: 0 when every stage so far succeeded, else
-    one plus the number of the stage whose forward raised. A stage that receives a failure skips
-    its forward and passes it on, so every rank learns of it and none waits forever.
+    one plus the number of the stage whose forward raised, negated when its error was not
+    transient (see ``is_transient``). A stage that receives a failure skips its forward and passes
+    it on, so every rank learns of it, and of its kind, and none waits forever.
     """
 
     def __init__(
@@ -161,8 +164,9 @@ class PipelineStage:
         The first stage embeds ``input_ids``; each later one takes the previous stage's hidden
         states ``[t, 1, h]`` (``t`` tokens in this step, so no shape is exchanged) and sends its
         own on; the last stage broadcasts its logits to the others. If a stage's forward raised,
-        every stage raises after the exchange: that stage its own error, the others a
-        ``RuntimeError`` naming it.
+        every stage raises after the exchange: that stage its own error, the others one naming it
+        of the same kind: a ``RuntimeError`` when that error was transient (so every stage retries
+        the step), else a ``PipelineStageError`` (so every stage fails it).
         """
         tokens, rows = input_ids.shape[1], len(context.logits_indices)
         expected = (rows, self.vocab_size) if self.is_last else (tokens, 1, self.hidden_size)
@@ -178,8 +182,9 @@ class PipelineStage:
                     raise ValueError(
                         f"stage {self.stage} output has shape {tuple(output.shape)}, not {expected}"
                     )
-            except Exception as exc:  # reported to every stage below
-                status, error, output = self.stage + 1, exc, None
+            except Exception as exc:  # reported to every stage below, with its kind
+                status = self.stage + 1 if is_transient(exc) else -(self.stage + 1)
+                error, output = exc, None
         if self.is_last:
             logits = self._message(output, rows * self.vocab_size, status)
         else:
@@ -189,8 +194,12 @@ class PipelineStage:
         status = int(logits[-1].item())
         if error is not None:
             raise error
-        if status:
+        if status > 0:
             raise RuntimeError(f"pipeline stage {status - 1} failed this step's forward")
+        if status < 0:
+            raise PipelineStageError(
+                f"pipeline stage {-status - 1} failed this step's forward with a non-transient error"
+            )
         return logits[:-1].view(rows, self.vocab_size).to(self.device)
 
     def _p2p(self, tokens: int) -> P2PCommunicator:
