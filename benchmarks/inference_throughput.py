@@ -24,6 +24,10 @@ mcore imports it, HF loads it, and vLLM loads it in a subprocess run with the vL
 cores mcore uses, ``VLLM_CPU_KVCACHE_SPACE=4``, the same scheduling limits as mcore's engine:
 64 requests and 512 tokens a step). Its start compiles the model (about 40 s here, not timed). The generated token counts of the two engines are checked to be equal.
 
+mcore's JSON fields also give its step count and host time per step: ``layout_ms_per_step``
+(laying a step out in the cache) and ``host_ms_per_step`` (all of a step's time outside the
+model's forward: scheduling, layout, sampling, bookkeeping); not with ``--cuda-graphs``.
+
 TTFT is from a request's arrival (all arrive at once) to its first token; TPOT is (last token
 time - first token time) / (generated tokens - 1) per request, vLLM's definition. mcore's come
 from each ``Request``'s ``time_to_first_token`` and ``token_timestamps``; vLLM's from
@@ -118,12 +122,15 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict
         cuda_graphs=cuda_graphs,
     )
     engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, num_tokens_to_generate=2))  # warm-up
+    runner, first_step = engine.runner, engine.step_count
+    runner.layout_seconds = runner.forward_seconds = 0.0
     start = time.perf_counter()
     done = engine.generate(
         [p for p, _ in requests],
         [SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=n) for _, n in requests],
     )
     elapsed = time.perf_counter() - start
+    steps = engine.step_count - first_step
     tpot = [
         (r.token_timestamps[-1] - r.token_timestamps[0]) / (len(r.token_timestamps) - 1)
         for r in done
@@ -134,6 +141,11 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict
         "token_ids": [list(r.generated_tokens) for r in done],
         "ttft": [r.time_to_first_token for r in done],
         "tpot": tpot,
+        "steps": steps,
+        # Host time of a step: laying it out, and everything outside the model's forward
+        # (scheduling, layout, sampling, bookkeeping). Graph replays do not go through the runner.
+        "layout_ms_per_step": None if cuda_graphs else 1e3 * runner.layout_seconds / steps,
+        "host_ms_per_step": None if cuda_graphs else 1e3 * (elapsed - runner.forward_seconds) / steps,
     }
 
 
@@ -285,6 +297,7 @@ def main() -> None:
         save_model(directory)
         mcore = run_mcore(directory, requests, args.device, args.cuda_graphs)
         results["mcore_tokens_per_s"] = mcore["tokens_per_s"]
+        results.update({f"mcore_{k}": mcore[k] for k in ("steps", "layout_ms_per_step", "host_ms_per_step")})
         results["hf_tokens_per_s"] = run_hf(directory, requests, args.hf_batch_size, args.device)
         vllm = run_vllm(vllm_python, directory, count, args.threads) if vllm_python else None
     results["vllm_tokens_per_s"] = vllm["tokens_per_s"] if vllm else None
