@@ -1,0 +1,87 @@
+"""Which implementation an op runs: its Triton kernel or its PyTorch reference.
+
+By default (``"auto"``) a CUDA tensor takes the Triton kernel when Triton is importable, and every
+other tensor the reference. ``MCORE_KERNELS_BACKEND`` (``auto``, ``triton`` or ``reference``) or
+``use_backend(...)`` (a context manager, which wins over the environment) force one of them.
+Forcing Triton where it cannot run (Triton missing, or a CPU tensor without Triton's interpreter,
+``TRITON_INTERPRET=1``) raises ``KernelBackendError`` instead of quietly running the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+BACKENDS = ("auto", "triton", "reference")
+ENVIRONMENT_VARIABLE = "MCORE_KERNELS_BACKEND"
+
+_override = threading.local()
+
+
+class KernelBackendError(RuntimeError):
+    """The backend asked for cannot run this op here, or its name is unknown."""
+
+
+def _checked(name: str, source: str) -> str:
+    if name not in BACKENDS:
+        raise KernelBackendError(f"{source} must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Run the ops called inside the block (in this thread) on backend ``name``."""
+    previous = getattr(_override, "name", None)
+    _override.name = _checked(name, "use_backend(name)")
+    try:
+        yield
+    finally:
+        _override.name = previous
+
+
+def requested_backend() -> str:
+    """The backend asked for: ``use_backend``'s, else ``MCORE_KERNELS_BACKEND``'s, else ``"auto"``."""
+    name = getattr(_override, "name", None)
+    if name is not None:
+        return name
+    return _checked(os.environ.get(ENVIRONMENT_VARIABLE, "auto"), ENVIRONMENT_VARIABLE)
+
+
+@functools.cache
+def triton_importable() -> bool:
+    """Whether the optional ``triton`` package imports here (asked once, on the first Triton
+    dispatch: importing the package does not import Triton)."""
+    try:
+        importlib.import_module("triton")
+    except Exception:  # not installed, or installed without what it imports (e.g. setuptools)
+        return False
+    return True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def select_backend(op: str, tensor: torch.Tensor) -> str:
+    """``"triton"`` or ``"reference"`` for ``op`` on ``tensor``'s device (see the module doc)."""
+    name = requested_backend()
+    if name == "reference":
+        return name
+    if name == "auto":
+        return "triton" if tensor.device.type == "cuda" and triton_importable() else "reference"
+    if not triton_importable():
+        raise KernelBackendError(
+            f"{op}: the Triton backend was forced but triton is not installed (or does not import)"
+        )
+    if tensor.device.type != "cuda" and not _interpreting():
+        raise KernelBackendError(
+            f"{op}: the Triton backend was forced for a {tensor.device.type} tensor; Triton runs on "
+            "CUDA, or on the CPU only under its interpreter (TRITON_INTERPRET=1)"
+        )
+    return name
