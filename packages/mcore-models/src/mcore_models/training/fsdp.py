@@ -42,7 +42,7 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
     """``--fsdp`` shards over data parallelism only, and reduces gradients its own way.
 
     Raises:
-        ConfigError: TP, PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
+        ConfigError: TP, PP, VPP or CP above 1, the distributed optimizer, gradient logging, a DDP
             bucket size or summed gradients, or a partial optimizer offload with ``--fsdp``.
     """
     model = configs.model
@@ -50,10 +50,11 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
         model.tensor_model_parallel_size != 1
         or model.pipeline_model_parallel_size != 1
         or model.virtual_pipeline_model_parallel_size is not None
+        or model.context_parallel_size != 1
     ):
         raise ConfigError(
-            ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size"],
-            "--fsdp needs TP = PP = 1 (it shards over data-parallel ranks only)",
+            ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"],
+            "--fsdp needs TP = PP = CP = 1 (it shards over data-parallel ranks only)",
         )
     if configs.ddp.use_distributed_optimizer:
         raise ConfigError(

@@ -15,7 +15,7 @@ end. Both are exact: the same numbers as attention over the whole sequence, up t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -67,13 +67,14 @@ def split_sequence(tensor: torch.Tensor, cp_rank: int, cp_size: int, seq_dim: in
 
 
 @experimental_api
-def split_batch(
-    batch: Mapping[str, torch.Tensor], cp_rank: int, cp_size: int, seq_dim: int = 1
-) -> dict[str, torch.Tensor]:
+def split_batch(batch: Mapping[str, Any], cp_rank: int, cp_size: int, seq_dim: int = 1) -> dict[str, Any]:
     """``split_sequence`` of every tensor of a batch (``tokens``, ``labels``, ``loss_mask``,
-    ``position_ids``, ... each ``[b, s, ...]`` with ``seq_dim=1``). Position ids are split like the
-    rest, so each rank keeps its tokens' true positions."""
-    return {name: split_sequence(value, cp_rank, cp_size, seq_dim) for name, value in batch.items()}
+    ``position_ids``, ... each ``[b, s, ...]`` with ``seq_dim=1``); other values are kept as they
+    are. Position ids are split like the rest, so each rank keeps its tokens' true positions."""
+    return {
+        name: split_sequence(value, cp_rank, cp_size, seq_dim) if isinstance(value, torch.Tensor) else value
+        for name, value in batch.items()
+    }
 
 
 @experimental_api
