@@ -86,3 +86,11 @@ def test_mcore_train_accepts_context_parallel_size(capsys):
     with pytest.raises(SystemExit):
         main(["--context-parallel-size", "2", "--seq-length", "34"])
     assert "seq_length, context_parallel_size" in capsys.readouterr().err
+
+
+def test_checkpoint_saved_at_cp2_continues_at_cp1(run_distributed, tiny_configs, checkpoint_at, tmp_path):
+    whole = _report(run_distributed, tiny_configs(tmp_path / "cp2", 4, cp=2, save_interval=2), 2)
+    source = checkpoint_at(tmp_path / "cp2" / "checkpoints", 2, tmp_path / "at-2")
+    resumed = _report(run_distributed, tiny_configs(tmp_path / "cp1", 4, load=str(source)), 1)
+    assert resumed["resumed_from"] == 2
+    torch.testing.assert_close(_losses(resumed), _losses(whole), rtol=1e-5, atol=0)
