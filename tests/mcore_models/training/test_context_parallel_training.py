@@ -37,12 +37,21 @@ def test_context_parallel_training_matches_one_rank(run_distributed, tiny_config
         _assert_same_run(report, reference, name)
 
 
-def test_context_parallel_training_composes_with_tensor_parallel(run_distributed, tiny_configs, tmp_path):
-    # TP = 2 draws its weight shards differently from TP = 1: the oracle is the same TP without CP
-    tp = dict(tp=2, sp=True, sample_tokens=4)
-    reference = _report(run_distributed, tiny_configs(tmp_path / "tp2", 3, **tp), 2)
-    report = _report(run_distributed, tiny_configs(tmp_path / "tp2-cp2", 3, cp=2, **tp), 4)
-    _assert_same_run(report, reference, "tp2-sp-cp2-ring")
+@pytest.mark.parametrize(
+    "layout", [dict(tp=2, sp=True), dict(pp=2)], ids=["tp2-sp-cp2-ring", "pp2-cp2-allgather"]
+)
+def test_context_parallel_training_composes_with_model_parallel(
+    run_distributed, tiny_configs, tmp_path, layout
+):
+    # TP and PP draw their weights differently from one rank: the oracle is the same layout without CP
+    comm_type = "all_gather" if "pp" in layout else "p2p"
+    reference = _report(run_distributed, tiny_configs(tmp_path / "cp1", 3, sample_tokens=4, **layout), 2)
+    report = _report(
+        run_distributed,
+        tiny_configs(tmp_path / "cp2", 3, sample_tokens=4, cp=2, cp_comm_type=comm_type, **layout),
+        4,
+    )
+    _assert_same_run(report, reference, str(layout))
 
 
 @pytest.mark.parametrize(
