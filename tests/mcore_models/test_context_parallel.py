@@ -143,7 +143,7 @@ def _config(variant, **overrides):
     )
 
 
-def _gpt_body(variant, comm_type, seq):
+def _gpt_body(variant, comm_type, seq, **overrides):
     rank, world = dist.get_rank(), dist.get_world_size()
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (2, seq), generator=generator)
@@ -152,7 +152,9 @@ def _gpt_body(variant, comm_type, seq):
 
     single = [dist.new_group([r]) for r in range(world)][rank]
     torch.manual_seed(0)
-    reference = GPTModel(_config(variant), VOCAB, pg_collection=ProcessGroupCollection(tp=single))
+    reference = GPTModel(
+        _config(variant, **overrides), VOCAB, pg_collection=ProcessGroupCollection(tp=single)
+    )
     with torch.no_grad():  # non-zero sinks, so they matter
         for name, p in reference.named_parameters():
             if name.endswith("softmax_offset"):
@@ -162,7 +164,9 @@ def _gpt_body(variant, comm_type, seq):
 
     groups = initialize_model_parallel(context_parallel_size=world)
     model = GPTModel(
-        _config(variant, context_parallel_size=world, cp_comm_type=comm_type), VOCAB, pg_collection=groups
+        _config(variant, context_parallel_size=world, cp_comm_type=comm_type, **overrides),
+        VOCAB,
+        pg_collection=groups,
     )
     model.load_state_dict(reference.state_dict())
     local = split_batch({"tokens": ids, "labels": labels, "loss_mask": loss_mask}, rank, world)
@@ -185,6 +189,15 @@ def _gpt_body(variant, comm_type, seq):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_gpt_loss_and_gradients_equal_one_rank(run_distributed, variant, cp, comm_type):
     for errors in run_distributed(_gpt_body, cp, variant, comm_type, 16, timeout=90):
+        worst = max(errors, key=errors.get)
+        assert errors[worst] <= TOL, f"{worst}: {errors[worst]:.2e}"
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_activation_recompute_replays_the_exchange(run_distributed, recompute):
+    """Recompute runs the ring again inside backward; every rank replays it in the same order."""
+    overrides = {"recompute_granularity": recompute}
+    for errors in run_distributed(_gpt_body, 2, "rope-window-sinks", "p2p", 8, timeout=90, **overrides):
         worst = max(errors, key=errors.get)
         assert errors[worst] <= TOL, f"{worst}: {errors[worst]:.2e}"
 
