@@ -169,10 +169,7 @@ def _ring_attention(q, key, value, positions, cp_group, scale, window_size, sink
         pending = []
         if step + 1 < cp_size:  # the next block is on its way while this one is computed
             incoming = torch.empty_like(block)
-            pending = [
-                dist.isend(block.detach(), following, group=cp_group),
-                dist.irecv(incoming, preceding, group=cp_group),
-            ]
+            pending = _exchange(block.detach(), following, incoming, preceding, cp_group)
         source = (cp_rank - step) % cp_size
         k, v = block.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1).chunk(2, dim=-1)
         scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
@@ -217,12 +214,16 @@ class _RingShift(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous()
+        grad = grad.contiguous()  # empty_like keeps the strides it is given
         grad_of_sent = torch.empty_like(grad)
-        requests = [
-            dist.isend(grad, ctx.preceding, group=ctx.cp_group),
-            dist.irecv(grad_of_sent, ctx.following, group=ctx.cp_group),
-        ]
-        for request in requests:
+        for request in _exchange(grad, ctx.preceding, grad_of_sent, ctx.following, ctx.cp_group):
             request.wait()
         return grad_of_sent, None, None, None, None
+
+
+def _exchange(send: torch.Tensor, to: int, receive: torch.Tensor, source: int, group: dist.ProcessGroup):
+    """Start sending ``send`` to global rank ``to`` and receiving ``receive`` from ``source``, as one
+    batch (NCCL needs the pair batched when both peers are the same rank); returns the requests."""
+    return dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, send, to, group), dist.P2POp(dist.irecv, receive, source, group)]
+    )

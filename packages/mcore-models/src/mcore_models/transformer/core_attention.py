@@ -136,7 +136,7 @@ class DotProductAttention(torch.nn.Module):
                 scale=self.scale,
                 window_size=self.window_size,
                 sink_logits=self.sink_logits(n, query.device),
-                dropout=self._dropout if self.training and self.dropout.p > 0 else None,
+                dropout=self._active_dropout(),
             ).reshape(s, b, n * d)
         allowed = allowed_keys(s, window_size=self.window_size, segment_ids=segment_ids, device=query.device)
         if attention_mask is not None:
@@ -148,9 +148,13 @@ class DotProductAttention(torch.nn.Module):
             allowed,
             scale=self.scale,
             sink_logits=self.sink_logits(n, query.device),
-            dropout=self._dropout if self.training and self.dropout.p > 0 else None,
+            dropout=self._active_dropout(),
         )  # [b, n, s, d]
         return context.permute(2, 0, 1, 3).reshape(s, b, n * d)
+
+    def _active_dropout(self):
+        """Dropout of attention probabilities (on the tensor-parallel stream), ``None`` when off."""
+        return self._dropout if self.training and self.dropout.p > 0 else None
 
     def _dropout(self, probs: torch.Tensor) -> torch.Tensor:
         with tensor_parallel_rng(self.tp_group):
