@@ -70,10 +70,6 @@ def test_context_parallel_training_composes_with_model_parallel(
             "grad_reduce_op, context_parallel_size",
         ),
         (
-            lambda c: dataclasses.replace(c, training=dataclasses.replace(c.training, fsdp=True)),
-            "fsdp, tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size",
-        ),
-        (
             lambda c: c,
             "tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size, nproc_per_node",
         ),
@@ -81,10 +77,20 @@ def test_context_parallel_training_composes_with_model_parallel(
 )
 def test_layouts_context_parallelism_cannot_run_are_refused(tiny_configs, tmp_path, change, fields):
     configs = change(tiny_configs(tmp_path, cp=2))
-    world = 2 if fields.startswith(("seq", "reset", "grad", "fsdp")) else 3
+    world = 2 if fields.startswith(("seq", "reset", "grad")) else 3
     with pytest.raises(ConfigError) as error:
         resolve_configs(configs, world)
     assert str(error.value).startswith(fields + ":")
+
+
+def test_context_parallel_training_with_fsdp_matches_one_rank(run_distributed, tiny_configs, tmp_path):
+    pytest.importorskip("mcore_fsdp")
+    reference = _report(run_distributed, tiny_configs(tmp_path / "cp1", 3, sample_tokens=4), 1)
+    report = _report(
+        run_distributed, tiny_configs(tmp_path / "cp2-fsdp", 3, sample_tokens=4, cp=2, fsdp=True), 2
+    )
+    assert "FSDP" in report["layout"]
+    _assert_same_run(report, reference, "cp2-fsdp")
 
 
 def test_mcore_train_accepts_context_parallel_size(capsys):

@@ -39,10 +39,10 @@ def check_fsdp_available() -> None:
 
 
 def check_fsdp_layout(configs: TrainConfigs) -> None:
-    """``--fsdp`` shards over data parallelism only, and reduces gradients its own way.
+    """``--fsdp`` shards over data- (and context-) parallel ranks only, and reduces gradients its own way.
 
     Raises:
-        ConfigError: TP, PP, VPP or CP above 1, the distributed optimizer, gradient logging, a DDP
+        ConfigError: TP, PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
             bucket size or summed gradients, or a partial optimizer offload with ``--fsdp``.
     """
     model = configs.model
@@ -50,11 +50,10 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
         model.tensor_model_parallel_size != 1
         or model.pipeline_model_parallel_size != 1
         or model.virtual_pipeline_model_parallel_size is not None
-        or model.context_parallel_size != 1
     ):
         raise ConfigError(
-            ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"],
-            "--fsdp needs TP = PP = CP = 1 (it shards over data-parallel ranks only)",
+            ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size"],
+            "--fsdp needs TP = PP = 1 (it shards over data- and context-parallel ranks only)",
         )
     if configs.ddp.use_distributed_optimizer:
         raise ConfigError(
@@ -100,9 +99,10 @@ def build_fsdp_train_model(
     precision = (
         None if dtype == torch.float32 else MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32)
     )
+    # context-parallel ranks hold replicas too: shard over them as over data-parallel ranks
     fully_shard(
         model,
-        mesh=groups.dp,
+        mesh=groups.dp_cp if model.cp_group is not None else groups.dp,
         unit_classes=(TransformerLayer,),
         strategy=strategy,
         precision=precision,
