@@ -34,7 +34,7 @@ def test_derived_defaults():
             "num_query_groups, tensor_model_parallel_size",
             "divisible",
         ),
-        ({"context_parallel_size": 2}, "context_parallel_size", "not implemented yet"),
+        ({"cp_comm_type": "a2a"}, "cp_comm_type", "['p2p', 'all_gather']"),
         (
             {"expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2},
             "expert_model_parallel_size, expert_tensor_parallel_size",

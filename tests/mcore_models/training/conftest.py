@@ -39,7 +39,7 @@ def tiny_data(tmp_path_factory):
 def tiny_configs(tiny_data, tmp_path):
     """``tiny_configs(output, train_iters=4, **layout)``: ``TrainConfigs`` of a 4-layer, 32-wide model.
 
-    Layout keywords: ``tp``, ``pp``, ``vpp``, ``sp``, ``distributed_optimizer``, ``micro``,
+    Layout keywords: ``tp``, ``pp``, ``vpp``, ``sp``, ``cp``, ``cp_comm_type``, ``distributed_optimizer``, ``micro``,
     ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``, ``async_save``; any other keyword
     is a ``TrainingConfig`` field (``fsdp=True``, ``export_hf=...``).
     """
@@ -52,6 +52,8 @@ def tiny_configs(tiny_data, tmp_path):
         pp=1,
         vpp=None,
         sp=False,
+        cp=1,
+        cp_comm_type="p2p",
         distributed_optimizer=False,
         micro=2,
         global_batch=4,
@@ -75,6 +77,8 @@ def tiny_configs(tiny_data, tmp_path):
                 pipeline_model_parallel_size=pp,
                 virtual_pipeline_model_parallel_size=vpp,
                 sequence_parallel=sp,
+                context_parallel_size=cp,
+                cp_comm_type=cp_comm_type,
             ),
             optimizer=TrainOptimizerConfig(lr=1e-2),
             scheduler=SchedulerConfig(lr_warmup_iters=1),

@@ -1,7 +1,8 @@
 """Dense GPT transformer models on mcore-parallel, Hugging Face checkpoint import/export,
 datasets and tokenizers (``mcore_models.data``), and the ``mcore-train`` training loop
-(``mcore_models.training``). MoE, Mamba/hybrid models, context parallelism and the fused kernels of
-mcore-kernels are planned, not in this release."""
+(``mcore_models.training``), and context parallelism (``split_batch``, ``context_parallel_attention``,
+``gather_sequence``). MoE, Mamba/hybrid models and the fused kernels of mcore-kernels are planned,
+not in this release."""
 
 from importlib.metadata import version as _version
 
@@ -14,6 +15,14 @@ from mcore_models.models.gpt.embedding import LanguageModelEmbedding
 from mcore_models.models.gpt.model import GPTModel
 from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from mcore_models.transformer.block import TransformerBlock
+from mcore_models.transformer.context_parallel import (
+    context_parallel_attention,
+    context_parallel_positions,
+    gather_sequence,
+    restore_sequence_order,
+    split_batch,
+    split_sequence,
+)
 from mcore_models.transformer.core_attention import DotProductAttention
 from mcore_models.transformer.inference_context import InferenceContext
 from mcore_models.transformer.inference_model import InferenceModel, KVCacheSpec, missing_inference_members
@@ -51,11 +60,17 @@ __all__ = [
     "YarnRotaryEmbedding",
     "__version__",
     "build_module",
+    "context_parallel_attention",
+    "context_parallel_positions",
     "export_hf_checkpoint",
+    "gather_sequence",
     "get_gpt_layer_local_spec",
     "get_gpt_layer_spec",
     "get_gpt_layer_te_spec",
     "hf_to_transformer_config",
     "import_hf_checkpoint",
     "missing_inference_members",
+    "restore_sequence_order",
+    "split_batch",
+    "split_sequence",
 ]

@@ -101,6 +101,12 @@ class TransformerConfig(ModelParallelConfig):
         help="Attention softmax: vanilla, off-by-one (a sink logit fixed at 0) or learnable (a learned "
         "sink logit per head).",
     )
+    cp_comm_type: Literal["p2p", "all_gather"] = config_field(
+        "p2p",
+        help="How context-parallel attention exchanges keys and values: p2p passes blocks around a ring "
+        "(overlapped with compute), all_gather collects them all at once. Used when "
+        "context_parallel_size > 1.",
+    )
     softmax_scale: float | None = config_field(
         None, minimum=0.0, help="Scale of the attention scores. Default: 1 / sqrt(kv_channels)."
     )
@@ -175,11 +181,10 @@ class TransformerConfig(ModelParallelConfig):
             )
 
     def _check_parallelism_exists(self) -> None:
-        """Context parallelism and expert (MoE) layers are planned, not built: refuse their sizes."""
+        """Expert (MoE) layers are planned, not built: refuse their sizes."""
         unsupported = [
             name
             for name, value in (
-                ("context_parallel_size", self.context_parallel_size),
                 ("expert_model_parallel_size", self.expert_model_parallel_size),
                 ("expert_tensor_parallel_size", self.expert_tensor_parallel_size),
             )
@@ -188,7 +193,7 @@ class TransformerConfig(ModelParallelConfig):
         if unsupported:
             raise ConfigError(
                 unsupported,
-                "context parallelism and expert (MoE) layers are not implemented yet; these sizes must be 1",
+                "expert (MoE) layers are not implemented yet; these sizes must be 1",
             )
 
     def _check_window(self) -> None:

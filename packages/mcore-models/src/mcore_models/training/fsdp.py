@@ -39,7 +39,7 @@ def check_fsdp_available() -> None:
 
 
 def check_fsdp_layout(configs: TrainConfigs) -> None:
-    """``--fsdp`` shards over data parallelism only, and reduces gradients its own way.
+    """``--fsdp`` shards over data- (and context-) parallel ranks only, and reduces gradients its own way.
 
     Raises:
         ConfigError: TP, PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
@@ -53,7 +53,7 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
     ):
         raise ConfigError(
             ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size"],
-            "--fsdp needs TP = PP = 1 (it shards over data-parallel ranks only)",
+            "--fsdp needs TP = PP = 1 (it shards over data- and context-parallel ranks only)",
         )
     if configs.ddp.use_distributed_optimizer:
         raise ConfigError(
@@ -99,9 +99,10 @@ def build_fsdp_train_model(
     precision = (
         None if dtype == torch.float32 else MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32)
     )
+    # context-parallel ranks hold replicas too: shard over them as over data-parallel ranks
     fully_shard(
         model,
-        mesh=groups.dp,
+        mesh=groups.dp_cp if model.cp_group is not None else groups.dp,
         unit_classes=(TransformerLayer,),
         strategy=strategy,
         precision=precision,

@@ -66,7 +66,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     Raises:
         ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
-            other than ``torch_dist``, or a layout ``--fsdp`` cannot run.
+            other than ``torch_dist``, a layout ``--fsdp`` cannot run, or an option context
+            parallelism cannot (see ``_check_context_parallel``).
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -77,7 +78,12 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     mp = model.tensor_model_parallel_size * model.pipeline_model_parallel_size * model.context_parallel_size
     if world_size % mp:
         raise ConfigError(
-            ["tensor_model_parallel_size", "pipeline_model_parallel_size", "nproc_per_node"],
+            [
+                "tensor_model_parallel_size",
+                "pipeline_model_parallel_size",
+                "context_parallel_size",
+                "nproc_per_node",
+            ],
             f"TP x PP x CP ({mp}) must divide the number of ranks ({world_size})",
         )
     dp = world_size // mp
@@ -96,6 +102,7 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             f"the interleaved schedule needs micro-batches per step ({global_batch // per_step}) to be a "
             f"multiple of the pipeline size ({model.pipeline_model_parallel_size})",
         )
+    _check_context_parallel(configs)
     if checkpoint.ckpt_format != "torch_dist":
         raise ConfigError(
             ["ckpt_format"],
@@ -106,6 +113,31 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
         check_fsdp_layout(configs)
     training = dataclasses.replace(training, global_batch_size=global_batch)
     return dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
+
+
+def _check_context_parallel(configs: TrainConfigs) -> None:
+    """CP > 1 needs sequences of a multiple of ``2 x CP`` tokens (times TP with sequence
+    parallelism), whole documents' positions (no ``reset_position_ids``) and averaged gradients."""
+    model, cp = configs.model, configs.model.context_parallel_size
+    if cp == 1:
+        return
+    multiple = 2 * cp * (model.tensor_model_parallel_size if model.sequence_parallel else 1)
+    if configs.data.seq_length % multiple:
+        raise ConfigError(
+            ["seq_length", "context_parallel_size"],
+            f"seq_length ({configs.data.seq_length}) must be a multiple of {multiple} "
+            "(2 x context_parallel_size, times the TP size with sequence parallelism)",
+        )
+    if configs.data.reset_position_ids:
+        raise ConfigError(
+            ["reset_position_ids", "context_parallel_size"],
+            "context parallelism does not support packed documents (reset_position_ids)",
+        )
+    if configs.ddp.grad_reduce_op != "average":
+        raise ConfigError(
+            ["grad_reduce_op", "context_parallel_size"],
+            "context parallelism needs grad_reduce_op 'average' (its ranks' gradients are rescaled for it)",
+        )
 
 
 def pretrain(configs: TrainConfigs) -> dict | None:
@@ -124,6 +156,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
         groups = initialize_model_parallel(
             tensor_model_parallel_size=model_config.tensor_model_parallel_size,
             pipeline_model_parallel_size=model_config.pipeline_model_parallel_size,
+            context_parallel_size=model_config.context_parallel_size,
             virtual_pipeline_model_parallel_size=model_config.virtual_pipeline_model_parallel_size,
             order=model_config.parallel_order,
         )
@@ -271,6 +304,8 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
     if training.sample_tokens:
         prompt = data.tokenizer.encode(training.sample_prompt)
         pad = model_config.tensor_model_parallel_size if model_config.sequence_parallel else 1
+        if model_config.context_parallel_size > 1:  # 2 x CP chunks, each split by sequence parallelism
+            pad *= 2 * model_config.context_parallel_size
         ids = greedy_generate(
             model,
             prompt,
@@ -301,6 +336,7 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
                 if model_config.virtual_pipeline_model_parallel_size
                 else ""
             )
+            + (f" CP={model_config.context_parallel_size}" if model_config.context_parallel_size > 1 else "")
             + f" DP={dp_size}"
             + (" SP" if model_config.sequence_parallel else "")
             + (" distributed-optimizer" if configs.ddp.use_distributed_optimizer else "")

@@ -86,7 +86,9 @@ def build_train_model(
         )
     container = torch.nn.ModuleList(chunks)
     _check_overlap(container, ddp_config, groups)
-    ddp = DistributedDataParallel(container, ddp_config, groups.dp)
+    # context-parallel ranks hold replicas of the weights too: their gradients are reduced with DP's
+    cp_size = dist.get_world_size(groups.cp) if groups.cp is not None else 1
+    ddp = DistributedDataParallel(container, ddp_config, groups.dp_cp if cp_size > 1 else groups.dp)
     return TrainModel(chunks, container, ddp)
 
 

@@ -16,6 +16,7 @@ from mcore_parallel import (
     get_group_device,
 )
 
+from ..transformer.context_parallel import gather_sequence, split_batch
 from .model_setup import TrainModel
 
 
@@ -31,20 +32,46 @@ def _batch_loss(per_token: torch.Tensor, batch: dict[str, torch.Tensor]) -> torc
 LastStageOutput = Callable[[torch.Tensor, dict], torch.Tensor]
 
 
+class _SumOverContextParallel(torch.autograd.Function):
+    """Identity whose backward multiplies by the CP size: DDP averages gradients over data x context
+    parallel ranks, but the CP ranks' gradients (each of its own tokens) must add up."""
+
+    @staticmethod
+    def forward(ctx, x, cp_size):
+        ctx.cp_size = cp_size
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.cp_size, None
+
+
 def make_forward_step(last_stage_output: LastStageOutput = _batch_loss):
     """A ``forward_step_func`` for the schedules: micro-batch dicts in, ``last_stage_output(model
-    output, batch)`` out of the last stage (default: the masked mean loss), hidden states elsewhere."""
+    output, batch)`` out of the last stage (default: the masked mean loss), hidden states elsewhere.
+
+    With context parallelism the model sees this CP rank's part of the batch (``split_batch``) and
+    ``last_stage_output`` the whole sequence's output (``gather_sequence``), so a loss is that of
+    CP = 1 on every rank."""
 
     def forward_step(
         data_iterator, chunk: torch.nn.Module, input_tensor: torch.Tensor | None
     ) -> torch.Tensor:
-        batch = next(data_iterator)
+        batch = whole_batch = next(data_iterator)
         model = chunk.module[0] if isinstance(chunk, DistributedDataParallel) else chunk
+        cp_group = model.cp_group
+        if cp_group is not None:
+            batch = split_batch(batch, dist.get_rank(cp_group), dist.get_world_size(cp_group))
         if input_tensor is not None:
             model.set_input_tensor(input_tensor)
         labels = batch.get("labels") if model.post_process else None
         output = model(batch["tokens"], position_ids=batch["position_ids"], labels=labels)
-        return last_stage_output(output, batch) if model.post_process else output
+        if not model.post_process:
+            return output
+        if cp_group is not None:
+            scaled = _SumOverContextParallel.apply(output, dist.get_world_size(cp_group))
+            output = gather_sequence(scaled, cp_group)
+        return last_stage_output(output, whole_batch)
 
     return forward_step
 

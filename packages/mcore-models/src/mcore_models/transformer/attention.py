@@ -32,7 +32,7 @@ class SelfAttention(torch.nn.Module):
 
     ``linear_qkv`` is column-parallel; its output rows are laid out per query group
     ``[q heads of the group, k, v]``, so splitting rows over TP ranks hands each rank whole groups.
-    ``linear_proj`` is row-parallel.
+    ``linear_proj`` is row-parallel. ``cp_group`` goes to the core attention (context parallelism).
     """
 
     def __init__(
@@ -42,6 +42,7 @@ class SelfAttention(torch.nn.Module):
         layer_number: int,
         *,
         tp_group: dist.ProcessGroup,
+        cp_group: dist.ProcessGroup | None = None,
     ):
         super().__init__()
         self.config = config
@@ -71,7 +72,9 @@ class SelfAttention(torch.nn.Module):
             # Shared over heads, which are split over TP ranks: its gradient is a sum over ranks.
             for p in norm.parameters() if norm is not None else ():
                 p.sequence_parallel = True
-        self.core_attention = build_module(submodules.core_attention, config, layer_number, tp_group=tp_group)
+        self.core_attention = build_module(
+            submodules.core_attention, config, layer_number, tp_group=tp_group, cp_group=cp_group
+        )
         self.linear_proj = build_module(
             submodules.linear_proj,
             projection_size,

@@ -18,7 +18,8 @@ class TransformerBlock(torch.nn.Module):
 
     With ``recompute_granularity="full"`` (training only), ``recompute_method="uniform"``
     checkpoints consecutive groups of ``recompute_num_layers`` layers, ``"block"`` checkpoints
-    each of the first ``recompute_num_layers`` layers.
+    each of the first ``recompute_num_layers`` layers. ``cp_group`` goes to every layer's attention
+    (context parallelism).
     """
 
     def __init__(
@@ -27,6 +28,7 @@ class TransformerBlock(torch.nn.Module):
         layer_spec: ModuleSpec,
         *,
         tp_group: dist.ProcessGroup,
+        cp_group: dist.ProcessGroup | None = None,
         num_layers: int | None = None,
         first_layer_number: int = 1,
         post_process: bool = True,
@@ -36,7 +38,9 @@ class TransformerBlock(torch.nn.Module):
         self.config = config
         num_layers = config.num_layers if num_layers is None else num_layers
         self.layers = torch.nn.ModuleList(
-            build_module(layer_spec, config, layer_number=first_layer_number + i, tp_group=tp_group)
+            build_module(
+                layer_spec, config, layer_number=first_layer_number + i, tp_group=tp_group, cp_group=cp_group
+            )
             for i in range(num_layers)
         )
         self.final_layernorm = (

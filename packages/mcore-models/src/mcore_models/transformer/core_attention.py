@@ -9,19 +9,12 @@ import torch.distributed as dist
 
 from ..config.transformer_config import TransformerConfig
 from .attention_mask import allowed_keys
+from .context_parallel import context_parallel_attention
 from .inference_context import InferenceContext
+from .masked_attention import masked_attention, sink_softmax
 from .rng import tensor_parallel_rng
 
-
-def sink_softmax(scores: torch.Tensor, sink_logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim of ``scores [b, n, q, k]`` with one extra logit per head.
-
-    The sink ``sink_logits [n]`` joins the denominator and takes probability mass, but has no value:
-    ``p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k))``. A sink of 0 is the off-by-one softmax.
-    """
-    b, n, q, _ = scores.shape
-    sink = sink_logits.to(scores.dtype).view(1, n, 1, 1).expand(b, n, q, 1)
-    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+__all__ = ["DotProductAttention", "sink_softmax"]
 
 
 def _batch_in_heads(x: torch.Tensor) -> torch.Tensor:
@@ -41,14 +34,26 @@ class DotProductAttention(torch.nn.Module):
     Inputs ``q [s, b, n, d]``, ``k, v [s, b, g, d]`` (``g`` groups, ``n / g`` queries each);
     output ``[s, b, n * d]``. ``softmax_type="learnable"`` holds ``softmax_offset [n]``, this
     rank's slice of the per-head sink logits (zeros at init).
+
+    With ``cp_group`` (context parallelism, more than one rank) the inputs hold this rank's tokens
+    of a sequence split by ``context_parallel.split_sequence`` and the keys and values of the
+    other ranks are exchanged as ``config.cp_comm_type`` says (see ``context_parallel_attention``).
     """
 
-    def __init__(self, config: TransformerConfig, layer_number: int, *, tp_group: dist.ProcessGroup):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        *,
+        tp_group: dist.ProcessGroup,
+        cp_group: dist.ProcessGroup | None = None,
+    ):
         super().__init__()
         self.config = config
         self.layer_number = layer_number
         self.window_size = config.window_for_layer(layer_number)
         self.tp_group = tp_group
+        self.cp_group = cp_group if cp_group is not None and dist.get_world_size(cp_group) > 1 else None
         tp_size = dist.get_world_size(tp_group)
         self.num_heads = config.num_attention_heads // tp_size
         self.scale = config.softmax_scale or 1.0 / math.sqrt(config.kv_channels)
@@ -72,7 +77,8 @@ class DotProductAttention(torch.nn.Module):
         """Plain causal attention (no window, sink, packing, extra mask or active dropout) goes
         through PyTorch's fused ``scaled_dot_product_attention``: same result, less memory and time."""
         return (
-            self.config.softmax_type == "vanilla"
+            self.cp_group is None
+            and self.config.softmax_type == "vanilla"
             and self.window_size is None
             and segment_ids is None
             and attention_mask is None
@@ -89,6 +95,10 @@ class DotProductAttention(torch.nn.Module):
         inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         s, b, n, d = query.shape
+        if inference_context is not None and self.cp_group is not None:
+            raise ValueError(
+                "inference_context does not support context parallelism (context_parallel_size > 1)"
+            )
         if inference_context is not None:  # one flattened row: the context attends over its cache
             context = inference_context.attend(
                 self.layer_number,
@@ -112,20 +122,40 @@ class DotProductAttention(torch.nn.Module):
                 enable_gqa=True,
             )
             return context.permute(2, 0, 1, 3).reshape(s, b, n * d)
-        repeats = n // key.shape[2]
-        q = query.permute(1, 2, 0, 3)
-        k = key.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
-        v = value.permute(1, 2, 0, 3).repeat_interleave(repeats, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scale
-        allowed = allowed_keys(s, window_size=self.window_size, segment_ids=segment_ids, device=q.device)
+        if self.cp_group is not None:
+            if segment_ids is not None or attention_mask is not None:
+                raise ValueError(
+                    "context parallelism does not support packed sequences or an extra attention_mask"
+                )
+            return context_parallel_attention(
+                query,
+                key,
+                value,
+                cp_group=self.cp_group,
+                comm_type=self.config.cp_comm_type,
+                scale=self.scale,
+                window_size=self.window_size,
+                sink_logits=self.sink_logits(n, query.device),
+                dropout=self._active_dropout(),
+            ).reshape(s, b, n * d)
+        allowed = allowed_keys(s, window_size=self.window_size, segment_ids=segment_ids, device=query.device)
         if attention_mask is not None:
             allowed = allowed & ~attention_mask
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        sinks = self.sink_logits(n, scores.device)
-        probs = torch.softmax(scores, dim=-1) if sinks is None else sink_softmax(scores, sinks)
-        probs = probs.to(v.dtype)
-        if self.training and self.dropout.p > 0:
-            with tensor_parallel_rng(self.tp_group):
-                probs = self.dropout(probs)
-        context = torch.matmul(probs, v)  # [b, n, s, d]
+        context = masked_attention(
+            query.permute(1, 2, 0, 3),
+            key.permute(1, 2, 0, 3),
+            value.permute(1, 2, 0, 3),
+            allowed,
+            scale=self.scale,
+            sink_logits=self.sink_logits(n, query.device),
+            dropout=self._active_dropout(),
+        )  # [b, n, s, d]
         return context.permute(2, 0, 1, 3).reshape(s, b, n * d)
+
+    def _active_dropout(self):
+        """Dropout of attention probabilities (on the tensor-parallel stream), ``None`` when off."""
+        return self._dropout if self.training and self.dropout.p > 0 else None
+
+    def _dropout(self, probs: torch.Tensor) -> torch.Tensor:
+        with tensor_parallel_rng(self.tp_group):
+            return self.dropout(probs)

@@ -27,7 +27,8 @@ class TransformerLayerSubmodules:
 class TransformerLayer(torch.nn.Module):
     """Pre-norm residual layer on ``[s, b, h]``. ``layer_number`` is 1-based and global (it picks
     the layer's attention window). With sequence parallelism the norms see this rank's slice of the
-    sequence, so their parameters are tagged ``sequence_parallel = True``."""
+    sequence, so their parameters are tagged ``sequence_parallel = True``. ``cp_group`` goes to the
+    attention (context parallelism)."""
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class TransformerLayer(torch.nn.Module):
         layer_number: int,
         *,
         tp_group: dist.ProcessGroup,
+        cp_group: dist.ProcessGroup | None = None,
     ):
         super().__init__()
         self.config = config
@@ -43,7 +45,7 @@ class TransformerLayer(torch.nn.Module):
         self.tp_group = tp_group
         self.input_layernorm = build_module(submodules.input_layernorm, config, config.hidden_size)
         self.self_attention = build_module(
-            submodules.self_attention, config, layer_number=layer_number, tp_group=tp_group
+            submodules.self_attention, config, layer_number=layer_number, tp_group=tp_group, cp_group=cp_group
         )
         self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, config, config.hidden_size)
         self.mlp = build_module(submodules.mlp, config, tp_group=tp_group)

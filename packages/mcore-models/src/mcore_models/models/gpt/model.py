@@ -15,6 +15,7 @@ from mcore_parallel import (
 
 from ...config.transformer_config import TransformerConfig
 from ...transformer.block import TransformerBlock
+from ...transformer.context_parallel import context_parallel_positions
 from ...transformer.inference_context import InferenceContext
 from ...transformer.inference_model import KVCacheSpec
 from ...transformer.init import init_method
@@ -81,6 +82,13 @@ class GPTModel(torch.nn.Module):
                 f"config.tensor_model_parallel_size ({config.tensor_model_parallel_size}) differs from "
                 f"the size of the tensor-parallel group ({tp_size})"
             )
+        self.cp_group = groups.cp if groups.cp is not None and dist.get_world_size(groups.cp) > 1 else None
+        cp_size = dist.get_world_size(self.cp_group) if self.cp_group is not None else 1
+        if cp_size != config.context_parallel_size:
+            raise ValueError(
+                f"config.context_parallel_size ({config.context_parallel_size}) differs from "
+                f"the size of the context-parallel group ({cp_size})"
+            )
         self.config = config
         self.vocab_size = vocab_size
         self.padded_vocab_size = config.padded_vocab_size(vocab_size)
@@ -115,6 +123,7 @@ class GPTModel(torch.nn.Module):
             config,
             layer_spec if layer_spec is not None else get_gpt_layer_spec(config),
             tp_group=self.tp_group,
+            cp_group=self.cp_group,
             num_layers=layers_per_stage,
             first_layer_number=virtual_stage * layers_per_stage + 1,
             post_process=post_process,
@@ -175,12 +184,20 @@ class GPTModel(torch.nn.Module):
         ``attention_mask`` boolean ``[b, 1, s, s]``, ``True`` = masked (on top of causal);
         ``packed_seq_params`` for a one-row packed batch; ``labels [b, s]``.
 
+        With context parallelism (``config.context_parallel_size`` > 1) the inputs hold this rank's
+        tokens as ``split_batch`` cut them (``position_ids`` default to their true positions), and
+        so do the outputs; packed sequences and ``attention_mask`` are not supported then.
+
         With ``inference_context`` (see ``InferenceContext``) the batch is one flattened row of
         new tokens with their ``position_ids``, attention runs over the context's cache, and the
         logits are those of the rows ``inference_context.logits_indices``."""
         if inference_context is not None:
             return self._inference_forward(
                 input_ids, position_ids, inference_context, None, gather=not self.parallel_output
+            )
+        if self.cp_group is not None:
+            return self._context_parallel_forward(
+                input_ids, position_ids, attention_mask, labels, packed_seq_params
             )
         batch, seq_length = input_ids.shape
         segment_ids = None
@@ -192,7 +209,21 @@ class GPTModel(torch.nn.Module):
             position_ids = torch.arange(seq_length, device=input_ids.device).expand(batch, seq_length)
         elif segment_ids is None:
             segment_ids = segments_from_position_ids(position_ids)
+        return self._forward_tokens(input_ids, position_ids, segment_ids, attention_mask, labels)
 
+    def _context_parallel_forward(self, input_ids, position_ids, attention_mask, labels, packed_seq_params):
+        """``forward`` on this CP rank's tokens: no packing or extra mask; true positions by default."""
+        if packed_seq_params is not None or attention_mask is not None:
+            raise ValueError("context parallelism does not support packed sequences or attention_mask")
+        if position_ids is None:
+            cp_size = dist.get_world_size(self.cp_group)
+            positions = context_parallel_positions(
+                input_ids.shape[1] * cp_size, dist.get_rank(self.cp_group), cp_size, input_ids.device
+            )
+            position_ids = positions.expand(input_ids.shape[0], -1)
+        return self._forward_tokens(input_ids, position_ids, None, None, labels)
+
+    def _forward_tokens(self, input_ids, position_ids, segment_ids, attention_mask, labels) -> torch.Tensor:
         hidden = self.embedding(input_ids, position_ids) if self.embedding is not None else None
         rotary = self.rotary_pos_emb(position_ids) if self.rotary_pos_emb is not None else None
         hidden = self.decoder(hidden, rotary, segment_ids, attention_mask)
