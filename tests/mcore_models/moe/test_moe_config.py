@@ -13,8 +13,11 @@ def test_moe_defaults_and_cli():
     assert config.moe_ffn_hidden_size == 24
     (parsed,) = parse_dataclasses(
         [TransformerConfig],
-        ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--num-moe-experts", "4"]
-        + ["--moe-router-topk", "1", "--moe-router-score-function", "sigmoid", "--moe-grouped-gemm"],
+        [
+            *("--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"),
+            *("--num-moe-experts", "4", "--moe-router-topk", "1", "--moe-router-score-function", "sigmoid"),
+            "--moe-grouped-gemm",
+        ],
     )
     assert (parsed.num_moe_experts, parsed.moe_router_topk, parsed.moe_router_score_function) == (
         4,
