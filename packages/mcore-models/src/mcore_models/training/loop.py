@@ -33,6 +33,7 @@ from mcore_parallel import (
 )
 
 from ..debug.grad_logger import DataGradientLogger
+from ..transformer.moe import router_loss_metrics, update_expert_biases
 from .batches import iteration_micro_batches, open_train_data
 from .checkpointing import load_training_checkpoint, save_training_checkpoint
 from .config import TrainConfigs
@@ -217,12 +218,13 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
                 _log_grads(grad_logger, model)
             with log.timed("optimizer"):
                 grad_norm = optimizer.step()
+                update_expert_biases(model.container, groups.dp)
         loss = global_mean_loss(losses, groups)
         seconds = timers("iteration").stop()
         history["train"].append([iteration, loss])
         history["lr"].append([iteration, lr])
         progress.update(iteration, loss, seconds, lr)
-        log.iteration(iteration, loss, lr, grad_norm, seconds)
+        log.iteration(iteration, loss, lr, grad_norm, seconds, router_loss_metrics(model.container))
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:

@@ -8,6 +8,7 @@ from .sequential_experts import SequentialExperts
 from .shared_experts import SharedExpertMLP
 from .submodules import MoESubmodules
 from .token_dispatcher import AllGatherTokenDispatcher, AllToAllTokenDispatcher
+from .training_hooks import router_loss_metrics, update_expert_biases
 
 __all__ = [
     "AllGatherTokenDispatcher",
@@ -22,4 +23,6 @@ __all__ = [
     "SharedExpertMLP",
     "TopKRouter",
     "group_limited_topk",
+    "router_loss_metrics",
+    "update_expert_biases",
 ]
