@@ -67,7 +67,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     Raises:
         ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
-            other than ``torch_dist``, or a layout ``--fsdp`` cannot run.
+            other than ``torch_dist``, expert parallelism (not wired into training yet), or a layout
+            ``--fsdp`` cannot run.
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -102,6 +103,12 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             ["ckpt_format"],
             "mcore-train writes torch_dist checkpoints (torch.distributed.checkpoint; with --fsdp they hold "
             f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
+        )
+    if model.expert_model_parallel_size > 1:
+        raise ConfigError(
+            ["expert_model_parallel_size"],
+            "mcore-train does not yet reduce expert gradients over the expert-data-parallel group; "
+            "train MoE models with expert_model_parallel_size 1 (expert parallelism works in MoELayer)",
         )
     if training.fsdp:
         check_fsdp_layout(configs)
