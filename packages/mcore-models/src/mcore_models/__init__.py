@@ -1,7 +1,8 @@
-"""Dense GPT transformer models on mcore-parallel, Hugging Face checkpoint import/export,
-datasets and tokenizers (``mcore_models.data``), and the ``mcore-train`` training loop
-(``mcore_models.training``). MoE, Mamba/hybrid models, context parallelism and the fused kernels of
-mcore-kernels are planned, not in this release."""
+"""GPT transformer models on mcore-parallel (dense or with mixture-of-experts layers from
+``mcore_models.transformer.moe``), Hugging Face checkpoint import/export, datasets and tokenizers
+(``mcore_models.data``), and the ``mcore-train`` training loop (``mcore_models.training``).
+Mamba/hybrid models, context parallelism and the fused kernels of mcore-kernels are planned, not
+in this release."""
 
 from importlib.metadata import version as _version
 
