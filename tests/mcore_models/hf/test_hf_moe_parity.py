@@ -1,5 +1,6 @@
 """Logit parity with Hugging Face MoE models (Mixtral, Qwen2-MoE with its gated shared expert,
-Qwen3-MoE) at TP=1, sequential and grouped experts, import and export + HF reload.
+Qwen3-MoE): TP=1 with sequential and grouped experts, TP=2 (attention and shared expert sharded,
+routed experts replicated), import and export + HF reload.
 
 Oracle: a random-weight ``transformers`` model of the same config (fp32, eager attention); max
 abs error <= 1e-4 like the dense families. Unsupported MoE layouts fail before weights are read.
@@ -60,16 +61,18 @@ def _hf_logits(directory, ids):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
+@pytest.mark.parametrize(
+    ("grouped", "tp"), [(False, 1), (True, 1), (False, 2)], ids=["sequential", "grouped", "sequential-tp2"]
+)
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_import_export_logit_parity(
-    case, grouped, hf_checkpoints, run_distributed, model_parallel, tmp_path
+    case, grouped, tp, hf_checkpoints, run_distributed, model_parallel, tmp_path
 ):
     directory, ids, reference = hf_checkpoints(case)
     exported = tmp_path / "exported"
 
     def body():
-        model = import_hf_checkpoint(directory, pg_collection=model_parallel(1), moe_grouped_gemm=grouped)
+        model = import_hf_checkpoint(directory, pg_collection=model_parallel(tp), moe_grouped_gemm=grouped)
         moe = model.decoder.layers[0].mlp
         assert isinstance(moe, MoELayer)
         assert isinstance(moe.experts, GroupedExperts if grouped else SequentialExperts)
@@ -79,10 +82,10 @@ def test_moe_import_export_logit_parity(
         export_hf_checkpoint(model, exported)
         return logits.numpy()
 
-    (logits,) = run_distributed(body, 1, timeout=60)
-    error = (torch.from_numpy(logits) - reference).abs().max().item()
-    print(f"{case} grouped={grouped}: import max abs error {error:.2e}")
-    assert error <= TOLERANCE
+    for logits in run_distributed(body, tp, timeout=60):
+        error = (torch.from_numpy(logits) - reference).abs().max().item()
+        print(f"{case} grouped={grouped} tp={tp}: import max abs error {error:.2e}")
+        assert error <= TOLERANCE
     reload_error = (_hf_logits(exported, ids) - reference).abs().max().item()
     assert reload_error <= TOLERANCE
 

@@ -32,7 +32,11 @@ def test_moe_defaults_and_cli():
     [
         ({"moe_router_topk": 9}, "moe_router_topk, num_moe_experts", "at most"),
         ({"expert_model_parallel_size": 3}, "num_moe_experts, expert_model_parallel_size", "divisible"),
-        ({"tensor_model_parallel_size": 2}, "num_moe_experts, tensor_model_parallel_size", "1 only"),
+        (
+            {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+            "num_moe_experts, sequence_parallel",
+            "sequence parallelism",
+        ),
         (
             {"moe_router_score_function": "sigmoid", "moe_router_pre_softmax": True},
             "moe_router_pre_softmax",

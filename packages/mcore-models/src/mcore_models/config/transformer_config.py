@@ -280,10 +280,11 @@ class TransformerConfig(ModelParallelConfig):
             return
         if self.moe_ffn_hidden_size is None:
             self.moe_ffn_hidden_size = self.ffn_hidden_size
-        if self.tensor_model_parallel_size != 1:
+        if self.sequence_parallel:
             raise ConfigError(
-                ["num_moe_experts", "tensor_model_parallel_size"],
-                "MoE layers support tensor_model_parallel_size 1 only (expert tensor parallelism is not built)",
+                ["num_moe_experts", "sequence_parallel"],
+                "MoE layers do not support sequence parallelism yet (with tensor parallelism, each TP "
+                "rank runs the routed experts on all tokens)",
             )
         if self.transformer_impl != "local":
             raise ConfigError(
