@@ -19,7 +19,7 @@ from mcore_models.transformer.moe import (
 )
 from mcore_models.transformer.moe.row_exchange import exchange_rows
 from mcore_parallel import ColumnParallelLinear, RowParallelLinear
-from mcore_testing.moe_reference import moe_config
+from mcore_testing.moe_reference import expert_parallel_state, moe_config
 
 
 def _inputs(rank: int, skewed: bool):
@@ -60,14 +60,7 @@ def _ep_body(dispatcher, via_all_gather, grouped, skewed):
     assert dist.get_world_size(layer.ep_group) == world
     local = layer.num_local_experts
     first = rank * local
-    state = {k: v for k, v in reference.state_dict().items() if not k.startswith("experts.")}
-    for key, value in reference.experts.state_dict().items():
-        if grouped:
-            state[f"experts.{key}"] = value[first : first + local]
-        else:
-            index, rest = key.split(".", 2)[1], key.split(".", 2)[2]
-            if first <= int(index) < first + local:
-                state[f"experts.local_experts.{int(index) - first}.{rest}"] = value
+    state = expert_parallel_state(reference.state_dict(), first, local)
     layer.load_state_dict(state)
 
     seen = []
@@ -143,3 +136,34 @@ def test_uneven_row_exchange_fallback_equals_all_to_all(run_distributed):
     assert received[0] == [[0.0, 1.0], [200.0, 201.0], [202.0, 203.0], [204.0, 205.0]]
     assert received[1] == [[206.0, 207.0]]
     assert received[2] == [[2.0, 3.0], [4.0, 5.0]]
+
+
+def _gpt_body():
+    from mcore_models import GPTModel
+    from mcore_models.transformer.specs import get_gpt_layer_local_spec
+    from mcore_parallel import ProcessGroupCollection
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    singles = [dist.new_group([r]) for r in range(world)]
+    options = {"num_moe_experts": 4, "moe_router_topk": 2, "moe_grouped_gemm": True, "num_layers": 2}
+    options |= {"position_embedding_type": "rope"}
+    torch.manual_seed(0)
+    reference = GPTModel(moe_config(**options), 64, pg_collection=ProcessGroupCollection(tp=singles[rank]))
+    # The model parallel state is not initialized: the EP group can only come from pg_collection.
+    groups = ProcessGroupCollection(tp=singles[rank], ep=dist.group.WORLD)
+    spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=True)
+    model = GPTModel(moe_config(**options, expert_model_parallel_size=world), 64, spec, pg_collection=groups)
+    assert model.decoder.layers[0].mlp.ep_group is dist.group.WORLD
+    assert spec.submodules.mlp.params == {}  # the caller's spec is left as it was
+    model.load_state_dict(expert_parallel_state(reference.state_dict(), rank * 4 // world, 4 // world))
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(rank))
+    model(ids, labels=ids).sum().backward()
+    reference(ids, labels=ids).sum().backward()
+    torch.testing.assert_close(model(ids), reference(ids), rtol=1e-5, atol=1e-5)
+    name = "decoder.layers.1.mlp.router.weight"
+    got, want = dict(model.named_parameters())[name].grad, dict(reference.named_parameters())[name].grad
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gpt_model_takes_the_expert_group_from_pg_collection(run_distributed):
+    run_distributed(_gpt_body, 2, timeout=60)

@@ -43,3 +43,20 @@ def reference_moe(x: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor, e
 def expert_weights(experts_module):
     """``(fc1, fc2)`` per expert of a ``SequentialExperts``."""
     return [(e.linear_fc1.weight, e.linear_fc2.weight) for e in experts_module.local_experts]
+
+
+def expert_parallel_state(full_state: dict, first: int, local: int) -> dict:
+    """The state dict of an expert-parallel rank holding experts ``first .. first + local - 1``,
+    from the one-process ``full_state`` (sequential ``local_experts.{e}`` or grouped stacked weights)."""
+    state = {}
+    for key, value in full_state.items():
+        if ".experts.local_experts." in f".{key}":
+            head, rest = f".{key}".split(".experts.local_experts.", 1)
+            index, tail = rest.split(".", 1)
+            if first <= int(index) < first + local:
+                state[f"{head}.experts.local_experts.{int(index) - first}.{tail}"[1:]] = value
+        elif ".experts." in f".{key}":
+            state[key] = value[first : first + local]
+        else:
+            state[key] = value
+    return state
