@@ -41,7 +41,7 @@ def test_router_loss_metrics_sum_over_layers():
     )
     model.train()(torch.randn(3, 2, 16))
     metrics = router_loss_metrics(model)
-    expected = sum(layer.router.last_losses["z_loss"] for layer in model)
+    expected = sum(float(layer.router.last_losses["z_loss"]) for layer in model)
     assert set(metrics) == {"moe/load_balancing_loss", "moe/z_loss"}
     assert metrics["moe/z_loss"] == expected > 0
     assert router_loss_metrics(torch.nn.Linear(2, 2)) == {}

@@ -38,7 +38,8 @@ class TopKRouter(torch.nn.Module):
     Scores are computed in float32; the returned probabilities have the input's dtype. With
     ``moe_router_enable_expert_bias`` a float32 buffer ``expert_bias`` shifts the top-k choice only
     (not the weights), and training forwards count tokens per expert for ``update_expert_bias``.
-    ``last_losses`` holds the detached values of the losses of the latest forward, for logging.
+    ``last_losses`` holds the detached losses (scalar tensors) of the latest training forward, for
+    logging.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -61,7 +62,7 @@ class TopKRouter(torch.nn.Module):
             )
         else:
             self.expert_bias = None
-        self.last_losses: dict[str, float] = {}
+        self.last_losses: dict[str, torch.Tensor] = {}
 
     def _jitter(self, hidden: torch.Tensor) -> torch.Tensor:
         eps = self.config.moe_input_jitter_eps
@@ -115,7 +116,7 @@ class TopKRouter(torch.nn.Module):
                 )
         if self.training and config.moe_z_loss_coeff is not None:
             losses["z_loss"] = z_loss(logits, config.moe_z_loss_coeff)
-        self.last_losses = {name: float(value.detach()) for name, value in losses.items()}
+        self.last_losses = {name: value.detach() for name, value in losses.items()}  # no device sync
         return sum(losses.values()) if losses else None
 
     def forward(self, hidden_states: torch.Tensor) -> RouterOutput:

@@ -38,5 +38,5 @@ def router_loss_metrics(model: torch.nn.Module) -> dict[str, float]:
         for name, value in (
             getattr(module, "last_losses", {}).items() if isinstance(module, TopKRouter) else ()
         ):
-            totals[f"moe/{name}"] = totals.get(f"moe/{name}", 0.0) + value
+            totals[f"moe/{name}"] = totals.get(f"moe/{name}", 0.0) + float(value)
     return totals
