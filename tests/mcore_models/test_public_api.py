@@ -53,6 +53,7 @@ MARKED_MOE = {
         "SharedExpertMLP",
         "TopKRouter",
         "group_limited_topk",
+        "reset_global_loads",
         "router_loss_metrics",
         "update_expert_biases",
     )

@@ -1,5 +1,5 @@
-"""``pretrain`` on a model with MoE layers (DP=2, expert bias on): it trains and logs the router
-losses of every iteration."""
+"""``pretrain`` on a model with MoE layers (DP=2, expert bias and the global load-balancing loss
+on): it trains and logs the router losses of every iteration."""
 
 import dataclasses
 
@@ -18,6 +18,7 @@ def test_moe_model_trains_and_logs_router_losses(run_distributed, tiny_configs, 
         moe_router_topk=2,
         moe_ffn_hidden_size=16,
         moe_aux_loss_coeff=0.01,
+        moe_router_load_balancing_type="global_aux_loss",
         moe_z_loss_coeff=0.001,
         moe_router_enable_expert_bias=True,
         moe_router_bias_update_rate=0.01,

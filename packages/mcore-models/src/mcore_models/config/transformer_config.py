@@ -152,10 +152,13 @@ class TransformerConfig(ModelParallelConfig):
     moe_router_bias_update_rate: float = config_field(
         1e-3, minimum=0.0, help="Step of the expert-bias update: bias += rate * sign(mean load - load)."
     )
-    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = config_field(
-        "aux_loss",
-        help="Load-balancing loss over the whole micro-batch (aux_loss), per sequence (seq_aux_loss), "
-        "or none.",
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "none"] = (
+        config_field(
+            "aux_loss",
+            help="Load-balancing loss over the micro-batch (aux_loss), per sequence (seq_aux_loss), with "
+            "expert loads counted over the data-parallel ranks and the micro-batches of the step "
+            "(global_aux_loss), or none.",
+        )
     )
     moe_aux_loss_coeff: float = config_field(0.0, minimum=0.0, help="Weight of the load-balancing loss.")
     moe_z_loss_coeff: float | None = config_field(
@@ -312,7 +315,7 @@ class TransformerConfig(ModelParallelConfig):
         if self.moe_aux_loss_coeff > 0 and self.moe_router_load_balancing_type == "none":
             raise ConfigError(
                 ["moe_aux_loss_coeff", "moe_router_load_balancing_type"],
-                "a load-balancing loss coefficient needs moe_router_load_balancing_type aux_loss or seq_aux_loss",
+                "a load-balancing loss coefficient needs a moe_router_load_balancing_type other than none",
             )
         if self.moe_input_jitter_eps is not None and not 0 < self.moe_input_jitter_eps < 1:
             raise ConfigError(["moe_input_jitter_eps"], f"must be in (0, 1), got {self.moe_input_jitter_eps}")

@@ -33,7 +33,7 @@ from mcore_parallel import (
 )
 
 from ..debug.grad_logger import DataGradientLogger
-from ..transformer.moe import router_loss_metrics, update_expert_biases
+from ..transformer.moe import reset_global_loads, router_loss_metrics, update_expert_biases
 from .batches import iteration_micro_batches, open_train_data
 from .checkpointing import load_training_checkpoint, save_training_checkpoint
 from .config import TrainConfigs
@@ -226,6 +226,7 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
             with log.timed("optimizer"):
                 grad_norm = optimizer.step()
                 update_expert_biases(model.container, groups.dp)
+                reset_global_loads(model.container)
         loss = global_mean_loss(losses, groups)
         seconds = timers("iteration").stop()
         history["train"].append([iteration, loss])

@@ -8,7 +8,7 @@ from .sequential_experts import SequentialExperts
 from .shared_experts import SharedExpertMLP
 from .submodules import MoESubmodules
 from .token_dispatcher import AllGatherTokenDispatcher, AllToAllTokenDispatcher
-from .training_hooks import router_loss_metrics, update_expert_biases
+from .training_hooks import reset_global_loads, router_loss_metrics, update_expert_biases
 
 __all__ = [
     "AllGatherTokenDispatcher",
@@ -23,6 +23,7 @@ __all__ = [
     "SharedExpertMLP",
     "TopKRouter",
     "group_limited_topk",
+    "reset_global_loads",
     "router_loss_metrics",
     "update_expert_biases",
 ]

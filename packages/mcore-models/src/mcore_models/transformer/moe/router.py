@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from mcore_api import experimental_api
+from mcore_parallel.parallel_state import get_data_parallel_group, model_parallel_is_initialized
 
 from ...config.transformer_config import TransformerConfig
 from ..init import init_method
@@ -63,6 +65,10 @@ class TopKRouter(torch.nn.Module):
         else:
             self.expert_bias = None
         self.last_losses: dict[str, torch.Tensor] = {}
+        # global_aux_loss: expert loads (and token count, last entry) since the last reset, summed
+        # over ``data_parallel_group`` (default: the global one of initialize_model_parallel).
+        self.register_buffer("global_load", torch.zeros(self.num_experts + 1), persistent=False)
+        self.data_parallel_group: dist.ProcessGroup | None = None
 
     def _jitter(self, hidden: torch.Tensor) -> torch.Tensor:
         eps = self.config.moe_input_jitter_eps
@@ -110,6 +116,8 @@ class TopKRouter(torch.nn.Module):
                 losses["load_balancing_loss"] = sequence_load_balancing_loss(
                     scores, routing_map, batch, self.topk, config.moe_aux_loss_coeff
                 )
+            elif config.moe_router_load_balancing_type == "global_aux_loss":
+                losses["load_balancing_loss"] = self._global_load_balancing_loss(scores, routing_map)
             else:
                 losses["load_balancing_loss"] = load_balancing_loss(
                     scores, routing_map.sum(dim=0), self.topk, config.moe_aux_loss_coeff
@@ -118,6 +126,26 @@ class TopKRouter(torch.nn.Module):
             losses["z_loss"] = z_loss(logits, config.moe_z_loss_coeff)
         self.last_losses = {name: value.detach() for name, value in losses.items()}  # no device sync
         return sum(losses.values()) if losses else None
+
+    def _global_load_balancing_loss(self, scores: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
+        """The balance loss with expert loads counted over the data-parallel ranks and the forwards
+        since ``reset_global_load`` (collective over the group); the gradient flows through this
+        forward's scores."""
+        tokens_here = torch.tensor([routing_map.shape[0]], dtype=torch.float32, device=routing_map.device)
+        load = torch.cat((routing_map.sum(dim=0).float(), tokens_here))
+        group = self.data_parallel_group
+        if group is None and model_parallel_is_initialized():
+            group = get_data_parallel_group()
+        if group is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(load, group=group)
+        self.global_load += load
+        tokens_per_expert, tokens = self.global_load[:-1], self.global_load[-1]
+        fraction = tokens_per_expert / (tokens * self.topk)
+        return self.config.moe_aux_loss_coeff * self.num_experts * torch.sum(fraction * scores.mean(dim=0))
+
+    def reset_global_load(self) -> None:
+        """Start a new count for ``global_aux_loss`` (after each optimizer step)."""
+        self.global_load.zero_()
 
     def forward(self, hidden_states: torch.Tensor) -> RouterOutput:
         """Route ``[s, b, h]`` hidden states; see ``RouterOutput``."""

@@ -1,5 +1,5 @@
 """What a training loop calls on a model with MoE layers after each optimizer step: the
-aux-loss-free expert-bias update and the router losses to log."""
+aux-loss-free expert-bias update, the reset of the global load counts, and the router losses to log."""
 
 from __future__ import annotations
 
@@ -27,6 +27,15 @@ def update_expert_biases(model: torch.nn.Module, group: dist.ProcessGroup | None
             dist.all_reduce(counts, group=group)
         router.update_expert_bias(counts)
     return len(routers)
+
+
+@experimental_api
+def reset_global_loads(model: torch.nn.Module) -> None:
+    """``reset_global_load`` on every ``TopKRouter`` of ``model``: ``global_aux_loss`` counts the
+    expert loads of one optimizer step."""
+    for module in model.modules():
+        if isinstance(module, TopKRouter):
+            module.reset_global_load()
 
 
 @experimental_api
