@@ -43,6 +43,10 @@ class _TokenDispatcher:
         self._probs: torch.Tensor | None = None
         self._num_tokens = 0
 
+    def _forget(self) -> None:
+        """Drop the routing of the finished forward (autograd keeps what backward needs)."""
+        self._plan = self._probs = None
+
     def _capacity_rows(self, num_local_tokens: int) -> int | None:
         """Rows every expert is padded to per source rank, with ``moe_pad_expert_input_to_capacity``."""
         config = self.config
@@ -83,6 +87,7 @@ class AllGatherTokenDispatcher(_TokenDispatcher):
     def combine(self, rows: torch.Tensor) -> torch.Tensor:
         """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
         out = unpermute(rows, self._plan, self._probs, self._num_tokens)
+        self._forget()
         if self.ep_size > 1:
             out = reduce_scatter_to_sequence_parallel_region(out, self.ep_group)
         return out
@@ -144,4 +149,7 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
             source_major = torch.zeros_like(rows).index_copy(0, self._order, rows)
             back = [list(column) for column in zip(*self._send, strict=True)]
             rows = exchange_rows(source_major, self.ep_group, back, via_all_gather=self.via_all_gather)
-        return unpermute(rows, self._plan, self._probs, self._num_tokens)
+            self._order = None
+        out = unpermute(rows, self._plan, self._probs, self._num_tokens)
+        self._forget()
+        return out
