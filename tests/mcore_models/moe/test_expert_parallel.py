@@ -30,7 +30,15 @@ def _inputs(rank: int, skewed: bool):
     return x, torch.randn(5, 2, 16, generator=generator)
 
 
-def _ep_body(dispatcher, via_all_gather, grouped, skewed):
+# Capacity 3 of 10 local tokens x top-2 over 8 experts, drops by probability, padded inputs.
+CAPACITY = {
+    "moe_expert_capacity_factor": 1.0,
+    "moe_pad_expert_input_to_capacity": True,
+    "moe_router_padding_for_alignment": 4,
+}
+
+
+def _ep_body(dispatcher, via_all_gather, grouped, skewed, extra=None):
     from mcore_parallel import destroy_model_parallel, initialize_model_parallel
 
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -43,6 +51,7 @@ def _ep_body(dispatcher, via_all_gather, grouped, skewed):
         "moe_aux_loss_coeff": 0.01,
         "moe_shared_expert_intermediate_size": 8,
         "moe_shared_expert_gate": True,
+        **(extra or {}),
     }
     torch.manual_seed(0)
     submodules = MoESubmodules(experts=experts, shared_experts=_shared_spec())
@@ -167,3 +176,10 @@ def _gpt_body():
 
 def test_gpt_model_takes_the_expert_group_from_pg_collection(run_distributed):
     run_distributed(_gpt_body, 2, timeout=60)
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_expert_parallel_with_capacity_drops_and_padding(dispatcher, run_distributed):
+    rows = run_distributed(_ep_body, 2, dispatcher, False, True, False, CAPACITY, timeout=60)
+    # Every expert's input is padded to 2 ranks x capacity 3 = 6 rows, then to a multiple of 4: 8.
+    assert rows == [4 * 8, 4 * 8]
