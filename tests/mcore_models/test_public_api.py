@@ -52,6 +52,7 @@ MARKED_MOE = {
         "SequentialExperts",
         "SharedExpertMLP",
         "TopKRouter",
+        "aux_loss_backward_scale",
         "group_limited_topk",
         "reset_global_loads",
         "router_loss_metrics",

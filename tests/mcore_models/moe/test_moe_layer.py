@@ -10,6 +10,7 @@ from mcore_models.transformer.moe import (
     RouterBuilder,
     RouterOutput,
     SequentialExperts,
+    aux_loss_backward_scale,
 )
 from mcore_testing.moe_reference import expert_weights, moe_config, reference_moe
 
@@ -192,3 +193,20 @@ def test_router_losses_reach_the_backward_pass(load_balancing):
     expected = plain.router.weight.grad + layer.router.weight.grad
     torch.testing.assert_close(with_losses, expected, rtol=1e-5, atol=1e-7)
     assert set(layer.router.last_losses) == {"load_balancing_loss", "z_loss"}
+
+
+def test_aux_loss_backward_scale_weights_the_router_losses():
+    torch.manual_seed(5)
+    layer = _layer(moe_config(moe_aux_loss_coeff=0.5, moe_z_loss_coeff=0.1)).train()
+    x = torch.randn(4, 2, 16)
+    grads = []
+    for scale in (1.0, 0.25):
+        layer.zero_grad()
+        with aux_loss_backward_scale(scale):
+            out = layer(x)
+        out.sum().backward()  # the scale was taken when the loss was attached
+        grads.append(layer.router.weight.grad.clone())
+    layer.zero_grad()
+    layer.router(x).aux_loss.backward()
+    aux_grad = layer.router.weight.grad.clone()
+    torch.testing.assert_close(grads[0] - grads[1], 0.75 * aux_grad, rtol=1e-4, atol=1e-7)

@@ -1,5 +1,6 @@
 """Mixture of experts: routers, token dispatchers over the expert-parallel group, experts, the layer."""
 
+from .aux_loss import aux_loss_backward_scale
 from .grouped_experts import GroupedExperts
 from .moe_layer import MoELayer
 from .router import TopKRouter, group_limited_topk
@@ -22,6 +23,7 @@ __all__ = [
     "SequentialExperts",
     "SharedExpertMLP",
     "TopKRouter",
+    "aux_loss_backward_scale",
     "group_limited_topk",
     "reset_global_loads",
     "router_loss_metrics",

@@ -3,7 +3,11 @@ backward pass of the MoE layer's output."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+from mcore_api import experimental_api
 
 
 def load_balancing_loss(
@@ -39,24 +43,43 @@ def z_loss(logits: torch.Tensor, coeff: float) -> torch.Tensor:
     return coeff * torch.logsumexp(logits, dim=-1).square().mean()
 
 
+_backward_scale = 1.0
+
+
+@experimental_api
+@contextlib.contextmanager
+def aux_loss_backward_scale(scale: float) -> Iterator[None]:
+    """Within the block, router losses attached to outputs are backpropagated with weight
+    ``scale`` instead of 1: a loop that divides each micro-batch's loss by the number of
+    micro-batches passes ``1 / num_microbatches``, so the losses keep their coefficients."""
+    global _backward_scale
+    previous, _backward_scale = _backward_scale, scale
+    try:
+        yield
+    finally:
+        _backward_scale = previous
+
+
 class _AttachAuxLoss(torch.autograd.Function):
-    """Identity on ``output``; in backward, ``aux_loss`` receives gradient 1, as if it had been
-    added to the loss that is backpropagated."""
+    """Identity on ``output``; in backward, ``aux_loss`` receives gradient ``scale``, as if
+    ``scale * aux_loss`` had been added to the loss that is backpropagated."""
 
     @staticmethod
-    def forward(ctx, output, aux_loss):
+    def forward(ctx, output, aux_loss, scale):
         ctx.save_for_backward(aux_loss)
+        ctx.scale = scale
         return output.view_as(output)
 
     @staticmethod
     def backward(ctx, grad_output):
         (aux_loss,) = ctx.saved_tensors
-        return grad_output, torch.ones_like(aux_loss)
+        return grad_output, torch.full_like(aux_loss, ctx.scale), None
 
 
 def attach_aux_loss(output: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
     """``output`` unchanged, carrying ``aux_loss``: any ``loss.backward()`` that reaches ``output``
-    also backpropagates ``aux_loss`` (with weight 1)."""
+    also backpropagates ``aux_loss``, with weight 1 or the one ``aux_loss_backward_scale`` set
+    when this was called."""
     if not aux_loss.requires_grad:
         return output
-    return _AttachAuxLoss.apply(output, aux_loss)
+    return _AttachAuxLoss.apply(output, aux_loss, _backward_scale)
