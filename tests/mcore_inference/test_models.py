@@ -1,5 +1,6 @@
-"""The engine on tensor-parallel ranks and on Hugging Face Llama / Qwen2 checkpoints imported
-with mcore-models: greedy outputs equal the full-recompute oracle."""
+"""The engine on tensor-parallel ranks and on Hugging Face Llama / Qwen2 / Mixtral / Qwen2-MoE
+checkpoints imported with mcore-models: greedy outputs equal the full-recompute oracle and HF
+``generate``."""
 
 import pytest
 import torch
@@ -30,7 +31,25 @@ def test_tensor_parallel_two_ranks_matches_oracle(
     assert sampled0 == sampled1  # ranks agree on sampled tokens even with different seeds
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+# Mixtral and Qwen2-MoE: MoE layers (top-2 routing, Qwen2-MoE's gated shared expert) in the engine.
+_MOE = {
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    },
+}
+_FAMILIES = {
+    "llama": "Llama",
+    "qwen2": "Qwen2",
+    "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen2Moe",
+}
+
+
+@pytest.mark.parametrize("family", list(_FAMILIES))
 def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, prompts_factory, hf_tiny_config):
     transformers = pytest.importorskip("transformers")
     from mcore_models import import_hf_checkpoint
@@ -43,12 +62,9 @@ def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, promp
         eos_token_id=None,
     )
     torch.manual_seed(0)  # weights independent of the tests run before
-    if family == "llama":
-        config = transformers.LlamaConfig(**common)
-        hf_model = transformers.LlamaForCausalLM(config)
-    else:
-        config = transformers.Qwen2Config(**common)
-        hf_model = transformers.Qwen2ForCausalLM(config)
+    name = _FAMILIES[family]
+    config = getattr(transformers, f"{name}Config")(**common, **_MOE.get(family, {}))
+    hf_model = getattr(transformers, f"{name}ForCausalLM")(config)
     hf_model.save_pretrained(tmp_path)
     model = import_hf_checkpoint(tmp_path, pg_collection=groups)
     prompts = prompts_factory(3, 3, 15, seed=41)

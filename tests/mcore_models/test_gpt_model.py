@@ -27,7 +27,28 @@ VARIANTS = {
     "yarn-squared-relu": dict(
         position_embedding_type="yarn", yarn_rotary_scaling_factor=4.0, activation="squared_relu"
     ),
+    # MoE layers: routed experts (replicated over TP ranks), a gated shared expert (TP-sharded),
+    # router losses on
+    "moe": dict(
+        normalization="RMSNorm",
+        activation="swiglu",
+        position_embedding_type="rope",
+        add_bias_linear=False,
+        num_moe_experts=4,
+        moe_ffn_hidden_size=16,
+        moe_shared_expert_intermediate_size=24,
+        moe_shared_expert_gate=True,
+        moe_aux_loss_coeff=0.01,
+        moe_z_loss_coeff=0.001,
+    ),
 }
+# MoE layers do not support sequence parallelism.
+TENSOR_PARALLEL_CASES = [
+    (variant, sequence_parallel)
+    for variant in VARIANTS
+    for sequence_parallel in (False, True)
+    if not (sequence_parallel and "num_moe_experts" in VARIANTS[variant])
+]
 
 
 def _config(variant, **overrides):
@@ -60,8 +81,7 @@ def _with_sinks(model):
     return model
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize(("variant", "sequence_parallel"), TENSOR_PARALLEL_CASES)
 def test_tensor_and_sequence_parallel_match_one_process(variant, sequence_parallel, run_distributed):
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     labels = torch.roll(ids, -1, dims=1)
@@ -157,8 +177,12 @@ def test_packed_documents_equal_separate_forwards(how, run_distributed, model_pa
     ],
     ids=["full-uniform-1", "full-uniform-2", "full-block-1", "selective"],
 )
-def test_activation_recompute_gives_the_same_gradients(recompute, run_distributed, model_parallel):
+@pytest.mark.parametrize("variant", ["llama-like", "moe"])
+def test_activation_recompute_gives_the_same_gradients(variant, recompute, run_distributed, model_parallel):
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+
+    # router input jitter: the recomputation must also replay its noise
+    jitter = {"moe_input_jitter_eps": 0.05} if variant == "moe" else {}
 
     def body():
         groups = model_parallel(1)
@@ -167,7 +191,7 @@ def test_activation_recompute_gives_the_same_gradients(recompute, run_distribute
             # dropout on: the recomputation must replay the forward's masks
             torch.manual_seed(0)
             model = GPTModel(
-                _config("llama-like", attention_dropout=0.2, hidden_dropout=0.2, **overrides),
+                _config(variant, attention_dropout=0.2, hidden_dropout=0.2, **overrides, **jitter),
                 VOCAB,
                 pg_collection=groups,
             )

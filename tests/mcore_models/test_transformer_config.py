@@ -37,8 +37,13 @@ def test_derived_defaults():
         ({"cp_comm_type": "a2a"}, "cp_comm_type", "['p2p', 'all_gather']"),
         (
             {"expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2},
-            "expert_model_parallel_size, expert_tensor_parallel_size",
+            "expert_tensor_parallel_size",
             "not implemented yet",
+        ),
+        (
+            {"expert_model_parallel_size": 2},
+            "expert_model_parallel_size, num_moe_experts",
+            "set num_moe_experts",
         ),
     ],
 )

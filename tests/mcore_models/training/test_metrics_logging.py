@@ -1,29 +1,12 @@
 """What ``LoggerConfig`` asks of a run: TensorBoard scalars (read back from the event file), timers
 by level and across ranks, held-out perplexity and memory."""
 
-import importlib.util
 import sys
 
 import pytest
 from mcore_models.training import main, pretrain
 from mcore_parallel import LoggerConfig
-
-
-def _read_scalars(directory):
-    """``{tag: {step: value}}`` of the TensorBoard event files in ``directory``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})  # 0: keep every event
-    events.Reload()
-    return {
-        tag: {event.step: event.value for event in events.Scalars(tag)} for tag in events.Tags()["scalars"]
-    }
-
-
-needs_tensorboard = pytest.mark.skipif(
-    importlib.util.find_spec("tensorboard") is None,
-    reason="needs the tensorboard extra: pip install 'mcore-models[tensorboard]'",
-)
+from mcore_testing.tensorboard_events import needs_tensorboard, read_scalars
 
 
 @needs_tensorboard
@@ -40,7 +23,7 @@ def test_fine_timers_min_max_perplexity_and_memory(run_distributed, tiny_configs
         timing_log_option="minmax",
     )
     (report,) = [r for r in run_distributed(pretrain, 2, configs, timeout=120) if r is not None]
-    scalars = _read_scalars(tmp_path / "tb")
+    scalars = read_scalars(tmp_path / "tb")
 
     train_loss, lrs = dict(report["history"]["train"]), dict(report["history"]["lr"])
     assert scalars["train/loss"] == pytest.approx({2: train_loss[2], 4: train_loss[4]})
@@ -69,7 +52,7 @@ def test_default_level_times_the_iteration_only(run_distributed, tiny_configs, t
         timing_log_option="all",
     )
     (report,) = [r for r in run_distributed(pretrain, 2, configs, timeout=120) if r is not None]
-    scalars = _read_scalars(tmp_path / "tb")
+    scalars = read_scalars(tmp_path / "tb")
 
     assert {tag for tag in scalars if tag.startswith("timers/")} == {
         "timers/iteration/rank0",

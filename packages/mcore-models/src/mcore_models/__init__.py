@@ -1,8 +1,9 @@
-"""Dense GPT transformer models on mcore-parallel, Hugging Face checkpoint import/export,
-datasets and tokenizers (``mcore_models.data``), and the ``mcore-train`` training loop
-(``mcore_models.training``), and context parallelism (``split_batch``, ``context_parallel_attention``,
-``gather_sequence``). MoE, Mamba/hybrid models and the fused kernels of mcore-kernels are planned,
-not in this release."""
+"""GPT transformer models on mcore-parallel (dense or with mixture-of-experts layers from
+``mcore_models.transformer.moe``), Hugging Face checkpoint import/export, datasets and tokenizers
+(``mcore_models.data``), the ``mcore-train`` training loop (``mcore_models.training``), and
+context parallelism (``split_batch``, ``context_parallel_attention``, ``gather_sequence``).
+Mamba/hybrid models and the models' use of mcore-kernels' fused ops are planned, not in this
+release."""
 
 from importlib.metadata import version as _version
 

@@ -128,6 +128,85 @@ class TransformerConfig(ModelParallelConfig):
     use_scaled_init_for_output: bool = config_field(
         True, help="Scale the init std of residual-output layers by 1 / sqrt(2 * num_layers)."
     )
+    # -- mixture of experts ------------------------------------------------------------------
+    num_moe_experts: int | None = config_field(
+        None, minimum=1, help="Experts per MoE layer; None builds dense MLPs."
+    )
+    moe_ffn_hidden_size: int | None = config_field(
+        None, minimum=1, help="Hidden width of one routed expert. Default: ffn_hidden_size."
+    )
+    moe_router_topk: int = config_field(2, minimum=1, help="Experts each token is routed to.")
+    moe_router_score_function: Literal["softmax", "sigmoid"] = config_field(
+        "softmax", help="Router scores: softmax over experts, or an independent sigmoid per expert."
+    )
+    moe_router_pre_softmax: bool = config_field(
+        False,
+        help="Softmax: take the top-k of softmax(logits) (pre) instead of softmax over the top-k "
+        "logits (post).",
+    )
+    moe_router_num_groups: int | None = config_field(
+        None, minimum=1, help="Group-limited routing: experts form this many groups."
+    )
+    moe_router_group_topk: int | None = config_field(
+        None, minimum=1, help="Group-limited routing: tokens pick experts only from this many best groups."
+    )
+    moe_router_enable_expert_bias: bool = config_field(
+        False,
+        help="Aux-loss-free balancing: a per-expert bias added to the scores for the top-k choice only, "
+        "moved by moe_router_bias_update_rate towards balance after each optimizer step.",
+    )
+    moe_router_bias_update_rate: float = config_field(
+        1e-3, minimum=0.0, help="Step of the expert-bias update: bias += rate * sign(mean load - load)."
+    )
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "none"] = (
+        config_field(
+            "aux_loss",
+            help="Load-balancing loss over the micro-batch (aux_loss), per sequence (seq_aux_loss), with "
+            "expert loads counted over the data-parallel ranks and the micro-batches of the step "
+            "(global_aux_loss), or none.",
+        )
+    )
+    moe_aux_loss_coeff: float = config_field(0.0, minimum=0.0, help="Weight of the load-balancing loss.")
+    moe_z_loss_coeff: float | None = config_field(
+        None, minimum=0.0, help="Weight of the router z-loss mean(logsumexp(logits)^2); None disables."
+    )
+    moe_input_jitter_eps: float | None = config_field(
+        None,
+        minimum=0.0,
+        help="Training: multiply router inputs by noise uniform in [1 - eps, 1 + eps]; None disables.",
+    )
+    moe_expert_capacity_factor: float | None = config_field(
+        None,
+        minimum=0.0,
+        help="Capacity per expert = ceil(tokens * topk / experts * factor); assignments beyond it are "
+        "dropped. None: no capacity limit.",
+    )
+    moe_pad_expert_input_to_capacity: bool = config_field(
+        False, help="Pad every expert's input to exactly its capacity (needs moe_expert_capacity_factor)."
+    )
+    moe_token_drop_policy: Literal["probs", "position"] = config_field(
+        "probs",
+        help="Over capacity, keep an expert's highest-probability assignments (probs) or its earliest "
+        "tokens (position).",
+    )
+    moe_router_padding_for_alignment: int | None = config_field(
+        None,
+        minimum=1,
+        help="Pad each expert's token count with zero rows up to a multiple of this (for quantized "
+        "grouped GEMMs); None disables.",
+    )
+    moe_shared_expert_intermediate_size: int | None = config_field(
+        None, minimum=1, help="Hidden width of the shared expert every token also goes through; None: none."
+    )
+    moe_shared_expert_gate: bool = config_field(
+        False, help="Scale the shared expert's output by sigmoid(x . w) (Qwen2-MoE)."
+    )
+    moe_grouped_gemm: bool = config_field(
+        False, help="Run the local experts as one batched matmul instead of a loop of MLPs."
+    )
+    moe_token_dispatcher_type: Literal["allgather", "alltoall"] = config_field(
+        "alltoall", help="How tokens reach experts on other expert-parallel ranks."
+    )
     # -- activation recompute and implementation ---------------------------------------------
     recompute_granularity: Literal["full", "selective"] | None = config_field(
         None, help="Activation recompute: whole layers (full) or core attention only (selective)."
@@ -174,6 +253,7 @@ class TransformerConfig(ModelParallelConfig):
                 f"num_query_groups ({self.num_query_groups}) must be divisible by the tensor-parallel size ({tp})",
             )
         self._check_window()
+        self._check_moe()
         if self.activation_clamp_value is not None and self.activation not in GATED_ACTIVATIONS:
             raise ConfigError(
                 ["activation_clamp_value", "activation"],
@@ -181,19 +261,93 @@ class TransformerConfig(ModelParallelConfig):
             )
 
     def _check_parallelism_exists(self) -> None:
-        """Expert (MoE) layers are planned, not built: refuse their sizes."""
-        unsupported = [
-            name
-            for name, value in (
-                ("expert_model_parallel_size", self.expert_model_parallel_size),
-                ("expert_tensor_parallel_size", self.expert_tensor_parallel_size),
-            )
-            if value not in (None, 1)
-        ]
-        if unsupported:
+        """Expert tensor parallelism is planned, not built: refuse its size. Expert parallelism
+        needs MoE layers (``num_moe_experts``)."""
+        if self.expert_tensor_parallel_size not in (None, 1):
             raise ConfigError(
-                unsupported,
-                "expert (MoE) layers are not implemented yet; these sizes must be 1",
+                ["expert_tensor_parallel_size"],
+                "expert tensor parallelism is not implemented yet; this size must be 1",
+            )
+        if self.expert_model_parallel_size != 1 and self.num_moe_experts is None:
+            raise ConfigError(
+                ["expert_model_parallel_size", "num_moe_experts"],
+                "expert parallelism splits MoE experts; set num_moe_experts or keep the size at 1",
+            )
+
+    def _check_moe(self) -> None:
+        experts = self.num_moe_experts
+        if experts is None:
+            return
+        if self.moe_ffn_hidden_size is None:
+            self.moe_ffn_hidden_size = self.ffn_hidden_size
+        if self.sequence_parallel:
+            raise ConfigError(
+                ["num_moe_experts", "sequence_parallel"],
+                "MoE layers do not support sequence parallelism yet (with tensor parallelism, each TP "
+                "rank runs the routed experts on all tokens)",
+            )
+        if self.transformer_impl != "local":
+            raise ConfigError(
+                ["num_moe_experts", "transformer_impl"],
+                "MoE layers are built for transformer_impl 'local' only",
+            )
+        ep = self.expert_model_parallel_size
+        if experts % ep:
+            raise ConfigError(
+                ["num_moe_experts", "expert_model_parallel_size"],
+                f"num_moe_experts ({experts}) must be divisible by expert_model_parallel_size ({ep})",
+            )
+        topk = self.moe_router_topk
+        if topk > experts:
+            raise ConfigError(
+                ["moe_router_topk", "num_moe_experts"],
+                f"moe_router_topk ({topk}) must be at most num_moe_experts ({experts})",
+            )
+        if self.moe_router_pre_softmax and self.moe_router_score_function != "softmax":
+            raise ConfigError(
+                ["moe_router_pre_softmax", "moe_router_score_function"],
+                "pre-softmax routing needs moe_router_score_function 'softmax'",
+            )
+        self._check_moe_groups(experts, topk)
+        if self.moe_aux_loss_coeff > 0 and self.moe_router_load_balancing_type == "none":
+            raise ConfigError(
+                ["moe_aux_loss_coeff", "moe_router_load_balancing_type"],
+                "a load-balancing loss coefficient needs a moe_router_load_balancing_type other than none",
+            )
+        if self.moe_input_jitter_eps is not None and not 0 < self.moe_input_jitter_eps < 1:
+            raise ConfigError(["moe_input_jitter_eps"], f"must be in (0, 1), got {self.moe_input_jitter_eps}")
+        factor = self.moe_expert_capacity_factor
+        if factor is not None and factor <= 0:
+            raise ConfigError(["moe_expert_capacity_factor"], f"must be > 0, got {factor}")
+        if self.moe_pad_expert_input_to_capacity and factor is None:
+            raise ConfigError(
+                ["moe_pad_expert_input_to_capacity", "moe_expert_capacity_factor"],
+                "padding to capacity needs a capacity: set moe_expert_capacity_factor",
+            )
+        if self.moe_shared_expert_gate and self.moe_shared_expert_intermediate_size is None:
+            raise ConfigError(
+                ["moe_shared_expert_gate", "moe_shared_expert_intermediate_size"],
+                "a shared-expert gate needs a shared expert: set moe_shared_expert_intermediate_size",
+            )
+
+    def _check_moe_groups(self, experts: int, topk: int) -> None:
+        groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
+        if groups is None and group_topk is None:
+            return
+        names = ["moe_router_num_groups", "moe_router_group_topk"]
+        if groups is None or group_topk is None:
+            raise ConfigError(names, "group-limited routing needs both values")
+        if experts % groups or group_topk > groups:
+            raise ConfigError(
+                [*names, "num_moe_experts"],
+                f"num_moe_experts ({experts}) must divide into moe_router_num_groups ({groups}) groups, "
+                f"of which moe_router_group_topk ({group_topk}) <= groups are kept",
+            )
+        if topk % group_topk or topk // group_topk > experts // groups:
+            raise ConfigError(
+                [*names, "moe_router_topk"],
+                f"moe_router_topk ({topk}) must be a multiple of moe_router_group_topk ({group_topk}) and "
+                f"take at most {experts // groups} experts per group",
             )
 
     def _check_window(self) -> None:

@@ -6,11 +6,23 @@ from .gpt2 import GPT2Mapping
 from .llama import LlamaMapping
 from .mapping import HFMapping
 from .mistral import MistralMapping
+from .mixtral import MixtralMapping
 from .qwen2 import Qwen2Mapping
 from .qwen3 import Qwen3Mapping
+from .qwen_moe import Qwen2MoeMapping, Qwen3MoeMapping
 
 HF_MAPPINGS: dict[str, type[HFMapping]] = {
-    m.model_type: m for m in (LlamaMapping, Qwen2Mapping, Qwen3Mapping, MistralMapping, GPT2Mapping)
+    m.model_type: m
+    for m in (
+        LlamaMapping,
+        Qwen2Mapping,
+        Qwen3Mapping,
+        MistralMapping,
+        GPT2Mapping,
+        MixtralMapping,
+        Qwen2MoeMapping,
+        Qwen3MoeMapping,
+    )
 }
 
 

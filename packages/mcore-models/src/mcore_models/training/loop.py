@@ -33,6 +33,7 @@ from mcore_parallel import (
 )
 
 from ..debug.grad_logger import DataGradientLogger
+from ..transformer.moe import reset_global_loads, router_loss_metrics, update_expert_biases
 from .batches import iteration_micro_batches, open_train_data
 from .checkpointing import load_training_checkpoint, save_training_checkpoint
 from .config import TrainConfigs
@@ -66,8 +67,9 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     Raises:
         ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
-            other than ``torch_dist``, a layout ``--fsdp`` cannot run, or an option context
-            parallelism cannot (see ``_check_context_parallel``).
+            other than ``torch_dist``, expert parallelism (not wired into training yet), a layout
+            ``--fsdp`` cannot run, or an option context parallelism cannot (see
+            ``_check_context_parallel``).
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -108,6 +110,12 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             ["ckpt_format"],
             "mcore-train writes torch_dist checkpoints (torch.distributed.checkpoint; with --fsdp they hold "
             f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
+        )
+    if model.expert_model_parallel_size > 1:
+        raise ConfigError(
+            ["expert_model_parallel_size"],
+            "mcore-train does not yet reduce expert gradients over the expert-data-parallel group; "
+            "train MoE models with expert_model_parallel_size 1 (expert parallelism works in MoELayer)",
         )
     if training.fsdp:
         check_fsdp_layout(configs)
@@ -250,12 +258,14 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
                 _log_grads(grad_logger, model)
             with log.timed("optimizer"):
                 grad_norm = optimizer.step()
+                update_expert_biases(model.container, groups.dp)
+                reset_global_loads(model.container)
         loss = global_mean_loss(losses, groups)
         seconds = timers("iteration").stop()
         history["train"].append([iteration, loss])
         history["lr"].append([iteration, lr])
         progress.update(iteration, loss, seconds, lr)
-        log.iteration(iteration, loss, lr, grad_norm, seconds)
+        log.iteration(iteration, loss, lr, grad_norm, seconds, router_loss_metrics(model.container))
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:

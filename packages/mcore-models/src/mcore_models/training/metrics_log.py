@@ -65,8 +65,17 @@ class MetricsLog:
         finally:
             timer.stop()
 
-    def iteration(self, iteration: int, loss: float, lr: float, grad_norm: float, seconds: float) -> None:
-        """Account for one training iteration; log on the log interval (collective there)."""
+    def iteration(
+        self,
+        iteration: int,
+        loss: float,
+        lr: float,
+        grad_norm: float,
+        seconds: float,
+        extra: dict[str, float] | None = None,
+    ) -> None:
+        """Account for one training iteration; log on the log interval (collective there).
+        ``extra`` scalars (e.g. MoE router losses) are logged beside the loss."""
         self._seconds, self._iterations = self._seconds + seconds, self._iterations + 1
         if iteration % self.config.log_interval:
             return
@@ -77,6 +86,7 @@ class MetricsLog:
             "train/tokens_per_second": self._iterations
             * self.tokens_per_iteration
             / max(self._seconds, 1e-9),
+            **(extra or {}),
         }
         self._seconds, self._iterations = 0.0, 0
         self.tensorboard.scalars(iteration, metrics)

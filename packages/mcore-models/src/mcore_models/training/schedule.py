@@ -17,6 +17,7 @@ from mcore_parallel import (
 )
 
 from ..transformer.context_parallel import gather_sequence, split_batch
+from ..transformer.moe import aux_loss_backward_scale
 from .model_setup import TrainModel
 
 
@@ -95,7 +96,8 @@ def run_micro_batches(
         forward_only=forward_only,
     )
     no_sync = model.ddp.no_sync() if isinstance(schedule_model, list) else contextlib.nullcontext()
-    with no_sync:
+    # Each micro-batch loss is divided by their number before backward; so are the MoE router losses.
+    with no_sync, aux_loss_backward_scale(1.0 / len(micro_batches)):
         if dist.get_world_size(groups.pp) == 1:
             return forward_backward_no_pipelining(
                 data_iterator=iter(micro_batches), model=schedule_model, **common

@@ -19,6 +19,7 @@ from ...transformer.context_parallel import context_parallel_positions
 from ...transformer.inference_context import InferenceContext
 from ...transformer.inference_model import KVCacheSpec
 from ...transformer.init import init_method
+from ...transformer.moe.expert_group import with_expert_parallel_group
 from ...transformer.packed_seq import PackedSeqParams, segments_from_position_ids
 from ...transformer.process_groups import resolve_process_groups
 from ...transformer.rope import RotaryEmbedding
@@ -32,7 +33,8 @@ from .special_tokens import token_id, token_ids
 class GPTModel(torch.nn.Module):
     """A decoder-only language model.
 
-    ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
+    MoE layers of the layer spec take their expert-parallel group from ``pg_collection.ep`` when
+    it is set. ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
     final norm and output layer; a stage without the embedding takes its input through
     ``set_input_tensor``. Layers of this stage are split evenly over the pipeline group of
     ``pg_collection`` (or the global groups). ``forward`` returns logits
@@ -121,7 +123,9 @@ class GPTModel(torch.nn.Module):
         self.rotary_pos_emb = rotary_class(config) if rotary_class is not None else None
         self.decoder = TransformerBlock(
             config,
-            layer_spec if layer_spec is not None else get_gpt_layer_spec(config),
+            with_expert_parallel_group(
+                layer_spec if layer_spec is not None else get_gpt_layer_spec(config), groups.ep
+            ),
             tp_group=self.tp_group,
             cp_group=self.cp_group,
             num_layers=layers_per_stage,

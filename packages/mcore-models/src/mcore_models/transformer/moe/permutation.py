@@ -1,0 +1,75 @@
+"""Grouping token copies by expert (permute) and summing weighted expert outputs back per token
+(unpermute), with optional zero-row padding of each expert's group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ExpertRows:
+    """Where each kept assignment sits in the expert-sorted rows.
+
+    ``token``/``assignment``: ``[A]`` source token and flat assignment index (``t * k + j``) of
+    each kept assignment; ``row``: ``[A]`` its row in the permuted tensor; ``rows_per_expert``:
+    ``[E]`` rows of each expert, padding included; ``num_rows``: their sum.
+    """
+
+    token: torch.Tensor
+    assignment: torch.Tensor
+    row: torch.Tensor
+    rows_per_expert: torch.Tensor
+    num_rows: int
+
+
+def plan_expert_rows(
+    indices: torch.Tensor,
+    keep: torch.Tensor | None,
+    num_experts: int,
+    *,
+    min_rows: int | None = None,
+    alignment: int | None = None,
+) -> ExpertRows:
+    """Sort the kept assignments of ``indices [T, k]`` (ids in ``[0, num_experts)``; others are
+    ignored) by expert, stably in token order. Each expert's group is padded with zero rows up to
+    ``min_rows`` and then to a multiple of ``alignment``."""
+    topk = indices.shape[1]
+    flat = indices.flatten()
+    valid = (flat >= 0) & (flat < num_experts)
+    if keep is not None:
+        valid &= keep.flatten()
+    assignment = valid.nonzero().squeeze(1)
+    experts = flat[assignment]
+    order = torch.argsort(experts, stable=True)
+    assignment, experts = assignment[order], experts[order]
+    counts = torch.bincount(experts, minlength=num_experts)
+    rows = counts
+    if min_rows is not None:
+        rows = rows.clamp(min=min_rows)
+    if alignment is not None:
+        rows = (rows + alignment - 1) // alignment * alignment
+    row_start = torch.cumsum(rows, 0) - rows
+    count_start = torch.cumsum(counts, 0) - counts
+    position = torch.arange(len(assignment), device=indices.device) - count_start[experts]
+    return ExpertRows(
+        token=assignment // topk,
+        assignment=assignment,
+        row=row_start[experts] + position,
+        rows_per_expert=rows,
+        num_rows=int(rows.sum()),
+    )
+
+
+def permute(hidden: torch.Tensor, plan: ExpertRows) -> torch.Tensor:
+    """``[num_rows, h]``: a copy of its token's hidden state in each assignment's row, zeros in padding."""
+    out = hidden.new_zeros(plan.num_rows, hidden.shape[-1])
+    return out.index_copy(0, plan.row, hidden.index_select(0, plan.token))
+
+
+def unpermute(rows: torch.Tensor, plan: ExpertRows, probs: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """``[num_tokens, h]``: each token's sum of its assignments' rows weighted by ``probs [T, k]``."""
+    weights = probs.flatten().index_select(0, plan.assignment).unsqueeze(-1)
+    weighted = rows.index_select(0, plan.row) * weights.to(rows.dtype)
+    return rows.new_zeros(num_tokens, rows.shape[-1]).index_add(0, plan.token, weighted)

@@ -1,0 +1,51 @@
+"""``SequentialExperts``: the local experts as a loop of small MLPs."""
+
+from __future__ import annotations
+
+import torch
+from mcore_api import experimental_api
+
+from ...config.transformer_config import TransformerConfig
+from ..activations import activation_function
+from ..init import init_method, output_init_method
+
+
+class ExpertMLP(torch.nn.Module):
+    """One expert: ``fc2(act(fc1(x)))`` with plain (unsharded) weights; for gated activations
+    fc1's rows are ``[gate; up]``."""
+
+    def __init__(self, config: TransformerConfig, ffn_hidden_size: int):
+        super().__init__()
+        width = ffn_hidden_size * (2 if config.gated_linear_unit else 1)
+        kwargs = {"bias": config.add_bias_linear, "dtype": config.params_dtype}
+        self.linear_fc1 = torch.nn.Linear(config.hidden_size, width, **kwargs)
+        self.linear_fc2 = torch.nn.Linear(ffn_hidden_size, config.hidden_size, **kwargs)
+        init_method(config)(self.linear_fc1.weight)
+        output_init_method(config)(self.linear_fc2.weight)
+        for linear in (self.linear_fc1, self.linear_fc2):
+            if linear.bias is not None:
+                torch.nn.init.zeros_(linear.bias)
+        self.activation = activation_function(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(self.activation(self.linear_fc1(x)))
+
+
+@experimental_api
+class SequentialExperts(torch.nn.Module):
+    """``num_local_experts`` ``ExpertMLP``s of width ``config.moe_ffn_hidden_size``; ``forward``
+    takes rows grouped by expert (``tokens_per_expert`` rows each) and runs each group through its
+    expert in turn."""
+
+    def __init__(self, config: TransformerConfig, *, num_local_experts: int):
+        super().__init__()
+        self.local_experts = torch.nn.ModuleList(
+            ExpertMLP(config, config.moe_ffn_hidden_size) for _ in range(num_local_experts)
+        )
+
+    def forward(self, rows: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
+        outputs = [
+            expert(chunk)
+            for expert, chunk in zip(self.local_experts, rows.split(tokens_per_expert), strict=True)
+        ]
+        return torch.cat(outputs)

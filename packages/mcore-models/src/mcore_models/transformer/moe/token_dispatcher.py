@@ -1,0 +1,155 @@
+"""Token dispatchers: bring each token's copies to the rank that holds its experts, and bring the
+expert outputs back, over the expert-parallel group.
+
+Rank ``r`` of an expert-parallel group of size ``P`` holds experts
+``r * E / P .. (r + 1) * E / P - 1``. ``dispatch`` returns the rows for this rank's experts,
+grouped by expert, and the row count of each; ``combine`` takes the experts' outputs for those
+rows and returns ``[T, h]``: each token's outputs weighted by its routing probabilities and summed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from mcore_api import experimental_api
+from mcore_parallel import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
+
+from ...config.transformer_config import TransformerConfig
+from .capacity import expert_capacity
+from .permutation import ExpertRows, permute, plan_expert_rows, unpermute
+from .router_interface import RouterOutput
+from .row_exchange import exchange_rows
+
+
+def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Concatenation along dim 0 of ``x`` from every rank (no gradient; same shape on all ranks)."""
+    gathered = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, x.contiguous(), group=group)
+    return torch.cat(gathered)
+
+
+class _TokenDispatcher:
+    """What both dispatchers share: the group, this rank's experts and the row padding."""
+
+    def __init__(self, config: TransformerConfig, ep_group: dist.ProcessGroup | None):
+        self.config = config
+        self.ep_group = ep_group
+        self.ep_size = dist.get_world_size(ep_group) if ep_group is not None else 1
+        self.ep_rank = dist.get_rank(ep_group) if ep_group is not None else 0
+        self.num_experts = config.num_moe_experts
+        self.num_local_experts = self.num_experts // self.ep_size
+        self.first_expert = self.ep_rank * self.num_local_experts
+        self._plan: ExpertRows | None = None
+        self._probs: torch.Tensor | None = None
+        self._num_tokens = 0
+
+    def _forget(self) -> None:
+        """Drop the routing of the finished forward (autograd keeps what backward needs)."""
+        self._plan = self._probs = None
+
+    def _capacity_rows(self, num_local_tokens: int) -> int | None:
+        """Rows every expert is padded to per source rank, with ``moe_pad_expert_input_to_capacity``."""
+        config = self.config
+        if not config.moe_pad_expert_input_to_capacity:
+            return None
+        return expert_capacity(
+            num_local_tokens, self.num_experts, config.moe_router_topk, config.moe_expert_capacity_factor
+        )
+
+
+@experimental_api
+class AllGatherTokenDispatcher(_TokenDispatcher):
+    """Every rank all-gathers all tokens and routing of the group, runs its experts on the copies
+    routed to them, and the partial outputs are reduce-scattered back to their ranks. Needs the
+    same token count on every rank."""
+
+    def dispatch(self, hidden: torch.Tensor, routing: RouterOutput) -> tuple[torch.Tensor, list[int]]:
+        """Rows for the local experts and the rows of each, from ``hidden [T, h]``."""
+        local_tokens = hidden.shape[0]
+        probs, indices, keep = routing.probs, routing.indices, routing.keep
+        if self.ep_size > 1:
+            hidden = gather_from_sequence_parallel_region(hidden, self.ep_group)
+            probs = gather_from_sequence_parallel_region(probs, self.ep_group)
+            indices = _all_gather_rows(indices, self.ep_group)
+            if keep is not None:
+                keep = _all_gather_rows(keep.to(torch.uint8), self.ep_group).bool()
+        capacity = self._capacity_rows(local_tokens)
+        self._plan = plan_expert_rows(
+            indices - self.first_expert,
+            keep,
+            self.num_local_experts,
+            min_rows=None if capacity is None else capacity * self.ep_size,
+            alignment=self.config.moe_router_padding_for_alignment,
+        )
+        self._probs, self._num_tokens = probs, hidden.shape[0]
+        return permute(hidden, self._plan), self._plan.rows_per_expert.tolist()
+
+    def combine(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
+        out = unpermute(rows, self._plan, self._probs, self._num_tokens)
+        self._forget()
+        if self.ep_size > 1:
+            out = reduce_scatter_to_sequence_parallel_region(out, self.ep_group)
+        return out
+
+
+@experimental_api
+class AllToAllTokenDispatcher(_TokenDispatcher):
+    """Each rank sorts its token copies by expert and sends every rank exactly the copies routed
+    to that rank's experts (an uneven all-to-all); the outputs travel back the same way.
+    ``via_all_gather`` exchanges rows through padded all-gathers instead, for backends without
+    uneven all-to-all. Ranks may receive zero rows."""
+
+    def __init__(
+        self, config: TransformerConfig, ep_group: dist.ProcessGroup | None, *, via_all_gather: bool = False
+    ):
+        super().__init__(config, ep_group)
+        self.via_all_gather = via_all_gather
+        self._send: list[list[int]] = []
+        self._order: torch.Tensor | None = None
+
+    def dispatch(self, hidden: torch.Tensor, routing: RouterOutput) -> tuple[torch.Tensor, list[int]]:
+        """Rows for the local experts and the rows of each, from ``hidden [T, h]``."""
+        self._plan = plan_expert_rows(
+            routing.indices,
+            routing.keep,
+            self.num_experts,
+            min_rows=self._capacity_rows(hidden.shape[0]),
+            alignment=self.config.moe_router_padding_for_alignment,
+        )
+        self._probs, self._num_tokens = routing.probs, hidden.shape[0]
+        rows = permute(hidden, self._plan)
+        if self.ep_size == 1:
+            return rows, self._plan.rows_per_expert.tolist()
+        local = self.num_local_experts
+        counts = _all_gather_rows(self._plan.rows_per_expert.unsqueeze(0), self.ep_group).tolist()  # [P][E]
+        self._send = [[sum(row[j * local : (j + 1) * local]) for j in range(self.ep_size)] for row in counts]
+        received = exchange_rows(rows, self.ep_group, self._send, via_all_gather=self.via_all_gather)
+        # Received rows are ordered by source rank, then local expert; the experts want expert-major.
+        mine = [row[self.first_expert : self.first_expert + local] for row in counts]
+        starts, offset = [], 0
+        for per_expert in mine:
+            source_starts = []
+            for count in per_expert:
+                source_starts.append(offset)
+                offset += count
+            starts.append(source_starts)
+        pieces = [
+            torch.arange(starts[source][e], starts[source][e] + mine[source][e])
+            for e in range(local)
+            for source in range(self.ep_size)
+        ]
+        self._order = torch.cat(pieces).to(hidden.device)
+        tokens_per_expert = [sum(mine[source][e] for source in range(self.ep_size)) for e in range(local)]
+        return received.index_select(0, self._order), tokens_per_expert
+
+    def combine(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
+        if self.ep_size > 1:
+            source_major = torch.zeros_like(rows).index_copy(0, self._order, rows)
+            back = [list(column) for column in zip(*self._send, strict=True)]
+            rows = exchange_rows(source_major, self.ep_group, back, via_all_gather=self.via_all_gather)
+            self._order = None
+        out = unpermute(rows, self._plan, self._probs, self._num_tokens)
+        self._forget()
+        return out

@@ -1,0 +1,37 @@
+"""``pretrain`` on a model with MoE layers (DP=2, expert bias and the global load-balancing loss
+on): it trains and logs the router losses of every iteration."""
+
+import dataclasses
+
+import pytest
+from mcore_models.training import parse_train_args, pretrain, resolve_configs
+from mcore_parallel import ConfigError, LoggerConfig
+from mcore_testing.tensorboard_events import needs_tensorboard, read_scalars
+
+
+@needs_tensorboard
+def test_moe_model_trains_and_logs_router_losses(run_distributed, tiny_configs, tmp_path):
+    configs = tiny_configs(tmp_path / "run", 2)
+    configs.model = dataclasses.replace(
+        configs.model,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=16,
+        moe_aux_loss_coeff=0.01,
+        moe_router_load_balancing_type="global_aux_loss",
+        moe_z_loss_coeff=0.001,
+        moe_router_enable_expert_bias=True,
+        moe_router_bias_update_rate=0.01,
+    )
+    configs.logger = LoggerConfig(log_interval=1, tensorboard_dir=str(tmp_path / "tb"))
+    (report,) = [r for r in run_distributed(pretrain, 2, configs, timeout=120) if r is not None]
+    assert report["iterations_run"] == 2
+    scalars = read_scalars(tmp_path / "tb")
+    assert set(scalars["moe/load_balancing_loss"]) == {1, 2}
+    assert all(v > 0 for v in scalars["moe/z_loss"].values())
+
+
+def test_expert_parallel_training_is_refused_with_the_field_named():
+    configs = parse_train_args(["--num-moe-experts", "4", "--expert-model-parallel-size", "2"])
+    with pytest.raises(ConfigError, match="expert_model_parallel_size: mcore-train does not yet"):
+        resolve_configs(configs, 2)
