@@ -29,15 +29,15 @@ def _naive(x, weight, bias, residual, eps, zero_centered, rms):
     return torch.stack(rows).view(h.shape), h
 
 
-def _inputs(width, *, dtype=torch.float32, residual=False, bias=False, seed=0):
+def _inputs(width, *, dtype=torch.float32, residual=False, bias=False, seed=0, rows=(3, 5)):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(3, 5, width, generator=gen).to(dtype)
+    x = torch.randn(*rows, width, generator=gen).to(dtype)
     weight = (1 + 0.3 * torch.randn(width, generator=gen)).to(dtype)
     return (
         x,
         weight,
         0.2 * torch.randn(width, generator=gen).to(dtype) if bias else None,
-        torch.randn(3, 5, width, generator=gen).to(dtype) if residual else None,
+        torch.randn(*rows, width, generator=gen).to(dtype) if residual else None,
     )
 
 
@@ -106,10 +106,12 @@ def test_reference_backward_passes_gradcheck(case):
     assert torch.autograd.gradcheck(function, inputs)
 
 
-def _grads(case, width, backend, dtype=torch.float32, device="cpu"):
+def _grads(case, width, backend, dtype=torch.float32, device="cpu", rows=(3, 5)):
     x, weight, bias, residual = (
         None if t is None else t.to(device).requires_grad_()
-        for t in _inputs(width, dtype=dtype, residual=case["residual"], bias=case["bias"], seed=width)
+        for t in _inputs(
+            width, dtype=dtype, residual=case["residual"], bias=case["bias"], seed=width, rows=rows
+        )
     )
     with use_backend(backend):
         out = _call(x, weight, bias, residual, 1e-5, case["zero_centered"], case["rms"])
@@ -130,13 +132,18 @@ def _interpreted_mismatches() -> list:
     """Run in a fresh process with ``TRITON_INTERPRET=1`` (read when Triton is first imported):
     the (case, width, tensor) triples where the Triton kernels and the reference disagree."""
     mismatches = []
+    # 15 rows (one per backward program), and 300 (several per program, the last program short)
+    shapes = [(width, (3, 5)) for width in WIDTHS] + [(33, (3, 100))]
     for case in CASES:
-        for width in WIDTHS:
-            triton, reference = _grads(case, width, "triton"), _grads(case, width, "reference")
+        for width, rows in shapes:
+            triton, reference = (
+                _grads(case, width, "triton", rows=rows),
+                _grads(case, width, "reference", rows=rows),
+            )
             names = ("out", "h", "dx", "dweight", "dbias", "dresidual")
             for name, a, b in zip(names, triton, reference, strict=True):
                 if (a is None) != (b is None) or (a is not None and not torch.allclose(a, b, 1e-5, 1e-5)):
-                    mismatches.append([case, width, name])
+                    mismatches.append([case, width, rows, name])
     return mismatches
 
 

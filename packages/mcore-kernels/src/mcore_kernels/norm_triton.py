@@ -77,12 +77,12 @@ def _norm_backward_kernel(
     dbias_partial_ptr,
     n_rows,
     n_cols,
-    rows_per_program,
     IS_RMS: tl.constexpr,
     HAS_DH_OUT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ZERO_CENTERED: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
 ):
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -92,8 +92,8 @@ def _norm_backward_kernel(
         gamma = gamma + 1.0
     dweight = tl.zeros([BLOCK], dtype=tl.float32)
     dbias = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(0, rows_per_program):
-        row = program * rows_per_program + i
+    for i in range(0, ROWS_PER_PROGRAM):
+        row = program * ROWS_PER_PROGRAM + i
         present = inside & ((cols * 0 + row) < n_rows)  # the last program may run past the rows
         offsets = row * n_cols + cols
         dy = tl.load(dy_ptr + offsets, mask=present, other=0.0).to(tl.float32)
@@ -166,7 +166,9 @@ def norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """As ``norm_reference.norm_backward``, for contiguous ``dy`` and ``h`` ``[M, N]``."""
     rows, cols = h.shape
-    rows_per_program = triton.cdiv(rows, _BACKWARD_PROGRAMS)
+    # A power of two (a compile-time constant: few kernel variants, and a loop bound Triton's
+    # interpreter accepts in every version).
+    rows_per_program = triton.next_power_of_2(triton.cdiv(rows, _BACKWARD_PROGRAMS))
     programs = triton.cdiv(rows, rows_per_program)
     dh = torch.empty_like(h)
     dweight = torch.empty(programs, cols, dtype=torch.float32, device=h.device)
@@ -183,11 +185,11 @@ def norm_backward(
         dbias,
         rows,
         cols,
-        rows_per_program,
         IS_RMS=rms,
         HAS_DH_OUT=dh_out is not None,
         HAS_BIAS=has_bias,
         ZERO_CENTERED=zero_centered_gamma,
         BLOCK=triton.next_power_of_2(cols),
+        ROWS_PER_PROGRAM=rows_per_program,
     )
     return dh, dweight.sum(0).to(weight.dtype), dbias.sum(0).to(weight.dtype) if has_bias else None
