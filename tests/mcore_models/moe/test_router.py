@@ -116,7 +116,8 @@ def test_z_loss_value():
 def test_input_jitter_is_made_in_the_input_dtype_and_only_in_training():
     config = moe_config(moe_input_jitter_eps=0.1, bf16=True)
     router = TopKRouter(config).train()
-    hidden = torch.randn(64, config.hidden_size, dtype=torch.bfloat16)
+    hidden = torch.randn(64, config.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    hidden = hidden.masked_fill(hidden == 0, 1.0)  # the ratio below needs no zero entries
     jittered = router._jitter(hidden)
     assert jittered.dtype == torch.bfloat16
     ratio = jittered.float() / hidden.float()
