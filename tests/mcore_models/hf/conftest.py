@@ -1,4 +1,5 @@
-"""Random-weight Hugging Face checkpoints saved once per test module."""
+"""Random-weight Hugging Face checkpoints saved once per test module, and the logits of a saved
+checkpoint reloaded in Hugging Face."""
 
 import pytest
 import torch
@@ -34,3 +35,20 @@ def hf_checkpoint_cache(tmp_path_factory):
         return get
 
     return cache
+
+
+@pytest.fixture(scope="session")
+def hf_logits():
+    """``hf_logits(directory, ids)``: the logits of the HF model saved in ``directory`` (eager
+    attention, no grad), e.g. of a checkpoint mcore exported."""
+
+    def logits(directory, ids):
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, attn_implementation="eager"
+        ).eval()
+        with torch.no_grad():
+            return model(ids).logits
+
+    return logits

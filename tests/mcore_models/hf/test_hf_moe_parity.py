@@ -55,18 +55,12 @@ def hf_checkpoints(hf_checkpoint_cache):
     return hf_checkpoint_cache(CASES, VOCAB, SEQ)
 
 
-def _hf_logits(directory, ids):
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
-    with torch.no_grad():
-        return model(ids).logits
-
-
 @pytest.mark.parametrize(
     ("grouped", "tp"), [(False, 1), (True, 1), (False, 2)], ids=["sequential", "grouped", "sequential-tp2"]
 )
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_import_export_logit_parity(
-    case, grouped, tp, hf_checkpoints, run_distributed, model_parallel, tmp_path
+    case, grouped, tp, hf_checkpoints, hf_logits, run_distributed, model_parallel, tmp_path
 ):
     directory, ids, reference = hf_checkpoints(case)
     exported = tmp_path / "exported"
@@ -86,7 +80,7 @@ def test_moe_import_export_logit_parity(
         error = (torch.from_numpy(logits) - reference).abs().max().item()
         print(f"{case} grouped={grouped} tp={tp}: import max abs error {error:.2e}")
         assert error <= TOLERANCE
-    reload_error = (_hf_logits(exported, ids) - reference).abs().max().item()
+    reload_error = (hf_logits(exported, ids) - reference).abs().max().item()
     assert reload_error <= TOLERANCE
 
 

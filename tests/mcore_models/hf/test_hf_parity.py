@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers  # imported here so forked ranks inherit it
 from mcore_models.hf import export_hf_checkpoint, import_hf_checkpoint
 
 TOLERANCE = 1e-4
@@ -90,15 +89,11 @@ def hf_checkpoints(hf_checkpoint_cache):
     return hf_checkpoint_cache(CASES, VOCAB, SEQ)
 
 
-def _hf_logits(directory, ids):
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
-    with torch.no_grad():
-        return model(ids).logits
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("case", list(CASES))
-def test_import_export_logit_parity(case, tp, hf_checkpoints, run_distributed, model_parallel, tmp_path):
+def test_import_export_logit_parity(
+    case, tp, hf_checkpoints, hf_logits, run_distributed, model_parallel, tmp_path
+):
     directory, ids, reference = hf_checkpoints(case)
     exported = tmp_path / "exported"
 
@@ -115,7 +110,7 @@ def test_import_export_logit_parity(case, tp, hf_checkpoints, run_distributed, m
         error = (torch.from_numpy(logits) - reference).abs().max().item()
         print(f"{case} tp={tp}: import max abs error {error:.2e}")
         assert error <= TOLERANCE
-    reload_error = (_hf_logits(exported, ids) - reference).abs().max().item()
+    reload_error = (hf_logits(exported, ids) - reference).abs().max().item()
     print(f"{case} tp={tp}: export+reload max abs error {reload_error:.2e}")
     assert reload_error <= TOLERANCE
 
