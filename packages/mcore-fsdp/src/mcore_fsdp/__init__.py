@@ -1,5 +1,5 @@
-"""Fully sharded data parallelism for any ``torch.nn.Module``. Depends only on torch and
-mcore-api, so it installs alone into any trainer.
+"""Fully sharded data parallelism for any ``torch.nn.Module``. Depends only on torch, so it
+installs alone into any trainer.
 
     for layer in model.layers:
         fully_shard(layer)
