@@ -1,6 +1,7 @@
 """The attention paths of a step (decode rows, prefill chunks with and without a cached prefix,
 mixed batches, the padded decode of CUDA graphs) against a naive reference: per query, in float32,
-``softmax(q k^T * scale + mask) v`` over the request's cached keys, with windows, sinks and GQA."""
+``softmax(q k^T * scale + mask) v`` over the request's cached keys, with windows, sinks and GQA.
+Every test runs with decode rows on mcore-kernels' native kernel and on the PyTorch path."""
 
 import itertools
 
@@ -8,10 +9,21 @@ import pytest
 import torch
 from mcore_inference import DynamicInferenceContext, Request, SamplingParams, ScheduledChunk
 from mcore_inference.model_runner import DecodeBuffers, ModelRunner
+from mcore_kernels import use_backend
+from mcore_kernels.native_build import native_library_error
 
 GROUPS, DIM, BLOCK = 2, 8, 4
 SCALE = 0.35
 _ids = itertools.count()
+
+
+@pytest.fixture(autouse=True, params=["native", "reference"])
+def decode_backend(request):
+    """Decode rows through the native kernel, then through the PyTorch grouped path."""
+    if request.param == "native" and native_library_error() is not None:
+        pytest.skip(f"the native CPU kernels do not build here: {native_library_error()}")
+    with use_backend(request.param):
+        yield request.param
 
 
 def _context(dtype=torch.float32):

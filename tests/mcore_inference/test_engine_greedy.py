@@ -4,6 +4,7 @@ prefix-cache hits, preemption and suspend/resume (fp32 tiny models, exact token 
 import pytest
 import torch
 from mcore_inference import RequestEventType, RequestStatus, SamplingParams
+from mcore_kernels import use_backend
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -14,6 +15,7 @@ def _check(model, oracle, prompts, requests, lengths):
         assert request.generated_tokens == oracle(model, prompt, n)
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])  # decode on the native kernel, or not
 @pytest.mark.parametrize("variant", ["llama-like", "gpt-like"])
 @pytest.mark.parametrize(
     "limits",
@@ -21,7 +23,7 @@ def _check(model, oracle, prompts, requests, lengths):
     ids=["wide", "chunked"],
 )
 def test_batched_and_chunked_prefill_match_oracle(
-    make_model, make_engine, oracle, prompts_factory, variant, limits
+    make_model, make_engine, oracle, prompts_factory, variant, limits, backend
 ):
     model = make_model(variant)
     engine = make_engine(model, blocks=96, **limits)
@@ -31,9 +33,10 @@ def test_batched_and_chunked_prefill_match_oracle(
         engine.add_request(p, SamplingParams(num_tokens_to_generate=n, **GREEDY))
         for p, n in zip(prompts, lengths, strict=True)
     ]
-    while engine.has_unfinished_requests():
-        engine.step()
-        assert len(engine.context.token_slots) <= limits["max_tokens"]
+    with use_backend(backend):
+        while engine.has_unfinished_requests():
+            engine.step()
+            assert len(engine.context.token_slots) <= limits["max_tokens"]
     _check(model, oracle, prompts, requests, lengths)
     assert engine.context.allocator.num_free_blocks == 96  # everything released (cached blocks evictable)
 

@@ -1,11 +1,14 @@
-"""Attention of one engine step over a paged KV cache, in plain PyTorch.
+"""Attention of one engine step over a paged KV cache.
 
 A step's queries are of two kinds, and each takes its own path (``attend_step``):
 
-- Decode rows (one query per request, ``DecodeBatch``): rows are grouped by how many blocks they
-  see (with a sliding window only the window's); each group's blocks are gathered once per layer
-  into a padded ``[b, g, L, d]``, and a length mask, built once per step and window, applies only
-  where the group's visible key ranges differ. Grouped-query heads are folded into the query
+- Decode rows (one query per request, ``DecodeBatch``): on the CPU, mcore-kernels' native
+  ``paged_decode_attention`` reads each row's keys and values in place through its block table
+  (when that kernel builds here and ``MCORE_KERNELS_BACKEND`` does not force the reference).
+  Elsewhere, in plain PyTorch, rows are grouped by how many blocks they see (with a sliding
+  window only the window's); each group's blocks are gathered once per layer into a padded
+  ``[b, g, L, d]``, and a length mask, built once per step and window, applies only where the
+  group's visible key ranges differ. Grouped-query heads are folded into the query
   axis (``[b, g, n / g, d]``), so keys and values are never repeated per head.
 - Prefill chunks (several queries of one request, ``PrefillChunk``): without a cached prefix
   the chunk attends over its own keys and values, causal without a mask (``is_causal``; a band
@@ -26,7 +29,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from mcore_api import internal_api
+from mcore_kernels import paged_decode_attention, select_backend
 
+_DECODE_OP = "paged_decode_attention"
 _CPU_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
@@ -255,7 +260,18 @@ def attend_step(
         context = _sdpa(q, k, v, scale=scale, mask=mask, is_causal=causal, sinks=chunk_sinks)
         output[chunk.rows] = context[0].transpose(0, 1).reshape(-1, heads * dim)
     decode = step.decode
-    if decode is not None:
+    if decode is not None and select_backend(_DECODE_OP, query, kernels=("native",)) == "native":
+        output[decode.rows] = paged_decode_attention(
+            query[decode.rows],
+            key_blocks,
+            value_blocks,
+            decode.block_table,
+            decode.positions,
+            scale=scale,
+            window_size=window_size,
+            sink_logits=sinks,
+        ).view(-1, heads * dim)
+    elif decode is not None:
         decode_sinks = None if sinks is None else sinks.view(1, groups, heads // groups)
         for group in decode.plan(window_size, query.dtype):
             batch = group.table.shape[0]

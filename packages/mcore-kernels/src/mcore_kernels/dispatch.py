@@ -1,10 +1,14 @@
-"""Which implementation an op runs: its Triton kernel or its PyTorch reference.
+"""Which implementation an op runs: a Triton kernel, a native C++ CPU kernel, or its PyTorch
+reference.
 
-By default (``"auto"``) a CUDA tensor takes the Triton kernel when Triton is importable, and every
-other tensor the reference. ``MCORE_KERNELS_BACKEND`` (``auto``, ``triton`` or ``reference``) or
-``use_backend(...)`` (a context manager, which wins over the environment) force one of them.
-Forcing Triton where it cannot run (Triton missing, or a CPU tensor without Triton's interpreter,
-``TRITON_INTERPRET=1``) raises ``KernelBackendError`` instead of quietly running the reference.
+Each op names the kernels it has (``kernels=``). By default (``"auto"``) a CUDA tensor takes the
+op's Triton kernel when Triton is importable, a CPU tensor the op's native kernel when it builds
+here (``native_build``), and every other case the reference. ``MCORE_KERNELS_BACKEND`` (``auto``,
+``triton``, ``native`` or ``reference``) or ``use_backend(...)`` (a context manager, which wins
+over the environment) force one of them. Forcing a kernel where it cannot run (an op without it,
+Triton missing, a CPU tensor without Triton's interpreter, ``TRITON_INTERPRET=1``, a native
+kernel off the CPU or without a working compiler) raises ``KernelBackendError`` instead of
+quietly running the reference.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from collections.abc import Iterator
 
 import torch
 
-BACKENDS = ("auto", "triton", "reference")
+from .native_build import native_library_error
+
+BACKENDS = ("auto", "triton", "native", "reference")
 ENVIRONMENT_VARIABLE = "MCORE_KERNELS_BACKEND"
 
 _override = threading.local()
@@ -68,13 +74,22 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def select_backend(op: str, tensor: torch.Tensor) -> str:
-    """``"triton"`` or ``"reference"`` for ``op`` on ``tensor``'s device (see the module doc)."""
+def select_backend(op: str, tensor: torch.Tensor, *, kernels: tuple[str, ...] = ("triton",)) -> str:
+    """The backend ``op``, which has the kernels ``kernels`` besides its reference, runs on
+    ``tensor``'s device: ``"triton"``, ``"native"`` or ``"reference"`` (see the module doc)."""
     name = requested_backend()
     if name == "reference":
         return name
     if name == "auto":
-        return "triton" if tensor.device.type == "cuda" and triton_importable() else "reference"
+        if tensor.device.type == "cuda" and "triton" in kernels and triton_importable():
+            return "triton"
+        if tensor.device.type == "cpu" and "native" in kernels and native_library_error() is None:
+            return "native"
+        return "reference"
+    if name not in kernels:
+        raise KernelBackendError(f"{op}: the {name} backend was forced but {op} has no {name} kernel")
+    if name == "native":
+        return _native(op, tensor)
     if not triton_importable():
         raise KernelBackendError(
             f"{op}: the Triton backend was forced but triton is not installed (or does not import)"
@@ -85,3 +100,14 @@ def select_backend(op: str, tensor: torch.Tensor) -> str:
             "CUDA, or on the CPU only under its interpreter (TRITON_INTERPRET=1)"
         )
     return name
+
+
+def _native(op: str, tensor: torch.Tensor) -> str:
+    if tensor.device.type != "cpu":
+        raise KernelBackendError(
+            f"{op}: the native backend was forced for a {tensor.device.type} tensor; it runs on the CPU"
+        )
+    error = native_library_error()
+    if error is not None:
+        raise KernelBackendError(f"{op}: the native backend was forced but cannot run here: {error}")
+    return "native"
