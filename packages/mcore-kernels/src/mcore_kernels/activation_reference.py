@@ -11,8 +11,9 @@ A plain activation returns ``act(x)`` ``[M, K]``. With per-row ``probs [M]`` (a 
 probability) the result is also multiplied by ``probs``, and ``probs`` gets a gradient.
 
 Arithmetic is in float32 (float64 for float64 inputs) and the output is rounded once to ``x``'s
-dtype. Clamping passes the gradient where the input lies inside the closed range, as
-``torch.clamp`` does.
+dtype. Clamping passes the gradient where the input lies inside the closed range, bounds included
+(the subgradient 1 that torch's derivative table documents for ``clamp``; some torch releases give 0
+at a bound instead).
 """
 
 from __future__ import annotations
