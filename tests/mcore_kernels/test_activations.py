@@ -194,12 +194,17 @@ def test_reference_matches_mcore_models_activations(activation, config_fields, o
     )
     theirs = activation_function(config)
     function = FUNCTIONS[activation]
-    x = (3 * torch.randn(5, 7, 40, generator=torch.Generator().manual_seed(4), dtype=torch.float64)).requires_grad_()
+    x = (
+        3 * torch.randn(5, 7, 40, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    ).requires_grad_()
     ours_out, theirs_out = function(x, **options), theirs(x)
     torch.testing.assert_close(ours_out, theirs_out, rtol=1e-12, atol=1e-12)
     grad = torch.randn(ours_out.shape, dtype=torch.float64)
     torch.testing.assert_close(
-        torch.autograd.grad(ours_out, x, grad)[0], torch.autograd.grad(theirs_out, x, grad)[0], rtol=1e-12, atol=1e-12
+        torch.autograd.grad(ours_out, x, grad)[0],
+        torch.autograd.grad(theirs_out, x, grad)[0],
+        rtol=1e-12,
+        atol=1e-12,
     )
 
 
@@ -256,7 +261,9 @@ def test_triton_kernels_match_the_reference_under_the_interpreter():
         "print(json.dumps(test_activations._interpreted_mismatches()))"
     )
     env = dict(os.environ, TRITON_INTERPRET="1", MCORE_KERNELS_BACKEND="auto")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
@@ -279,8 +286,16 @@ def test_triton_kernels_match_the_reference_on_a_gpu(case):
         (lambda: swiglu(torch.ones(2, 0)), ValueError, "non-empty last dimension"),
         (lambda: squared_relu(torch.ones(2, 4, dtype=torch.long)), TypeError, "x must be a floating-point"),
         (lambda: geglu([1.0, 2.0]), TypeError, "x must be a tensor"),
-        (lambda: swiglu(torch.ones(2, 4), torch.ones(3)), ValueError, r"probs must have shape \(2,\) or \(2, 1\)"),
-        (lambda: swiglu(torch.ones(2, 4), torch.ones(2, dtype=torch.long)), TypeError, "probs must be a floating"),
+        (
+            lambda: swiglu(torch.ones(2, 4), torch.ones(3)),
+            ValueError,
+            r"probs must have shape \(2,\) or \(2, 1\)",
+        ),
+        (
+            lambda: swiglu(torch.ones(2, 4), torch.ones(2, dtype=torch.long)),
+            TypeError,
+            "probs must be a floating",
+        ),
         (lambda: swiglu(torch.ones(2, 4), clamp=-1.0), ValueError, "clamp must be >= 0"),
         (lambda: clamped_swiglu(torch.ones(2, 4), limit=float("nan")), ValueError, "limit must be a finite"),
         (lambda: quick_geglu(torch.ones(2, 4), alpha="1"), ValueError, "alpha must be a finite number"),

@@ -64,7 +64,11 @@ def _formula(x, cos, sin, interleaved):
     rotary = cos.shape[-1]
     head, rest = x[..., :rotary], x[..., rotary:]
     a, b = (head[..., 0::2], head[..., 1::2]) if interleaved else head.chunk(2, dim=-1)
-    c, s = (cos[..., 0::2], sin[..., 0::2]) if interleaved else (cos[..., : rotary // 2], sin[..., : rotary // 2])
+    c, s = (
+        (cos[..., 0::2], sin[..., 0::2])
+        if interleaved
+        else (cos[..., : rotary // 2], sin[..., : rotary // 2])
+    )
     first, second = a * c - b * s, b * c + a * s
     rotated = torch.stack((first, second), -1).flatten(-2) if interleaved else torch.cat((first, second), -1)
     return torch.cat((rotated, rest), dim=-1)
@@ -80,7 +84,10 @@ def test_reference_backward_is_the_formulas_autograd(dim, rotary, interleaved):
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     grad = torch.randn(out.shape, dtype=torch.float64)
     torch.testing.assert_close(
-        torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(expected, x, grad)[0], rtol=1e-12, atol=1e-12
+        torch.autograd.grad(out, x, grad)[0],
+        torch.autograd.grad(expected, x, grad)[0],
+        rtol=1e-12,
+        atol=1e-12,
     )
 
 
@@ -100,7 +107,11 @@ def test_matches_mcore_models_rotary_embedding(dtype):
     from mcore_models.transformer.rope import apply_rotary as models_apply_rotary
 
     config = TransformerConfig(
-        num_layers=1, hidden_size=320, num_attention_heads=4, position_embedding_type="rope", rotary_base=500000.0
+        num_layers=1,
+        hidden_size=320,
+        num_attention_heads=4,
+        position_embedding_type="rope",
+        rotary_base=500000.0,
     )
     rope = RotaryEmbedding(config)
     position_ids = torch.arange(2 * 9).view(2, 9) * 37  # [b, s]
@@ -171,7 +182,9 @@ def test_triton_kernel_matches_the_reference_under_the_interpreter():
         "print(json.dumps(test_rope._interpreted_mismatches()))"
     )
     env = dict(os.environ, TRITON_INTERPRET="1", MCORE_KERNELS_BACKEND="auto")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
@@ -195,10 +208,26 @@ def test_empty_input_is_returned_as_is():
     ("call", "error", "match"),
     [
         (lambda: apply_rotary(torch.ones(2, 8), torch.ones(2, 6), torch.ones(2, 4)), ValueError, "one shape"),
-        (lambda: apply_rotary(torch.ones(2, 8), torch.ones(2, 5), torch.ones(2, 5)), ValueError, "even and in"),
-        (lambda: apply_rotary(torch.ones(2, 8), torch.ones(2, 10), torch.ones(2, 10)), ValueError, r"\[2, 8\]"),
-        (lambda: apply_rotary(torch.ones(2, 8), torch.ones(3, 8), torch.ones(3, 8)), ValueError, "must broadcast"),
-        (lambda: apply_rotary(torch.ones(2, 8, dtype=torch.long), torch.ones(8), torch.ones(8)), TypeError, "x must"),
+        (
+            lambda: apply_rotary(torch.ones(2, 8), torch.ones(2, 5), torch.ones(2, 5)),
+            ValueError,
+            "even and in",
+        ),
+        (
+            lambda: apply_rotary(torch.ones(2, 8), torch.ones(2, 10), torch.ones(2, 10)),
+            ValueError,
+            r"\[2, 8\]",
+        ),
+        (
+            lambda: apply_rotary(torch.ones(2, 8), torch.ones(3, 8), torch.ones(3, 8)),
+            ValueError,
+            "must broadcast",
+        ),
+        (
+            lambda: apply_rotary(torch.ones(2, 8, dtype=torch.long), torch.ones(8), torch.ones(8)),
+            TypeError,
+            "x must",
+        ),
         (lambda: apply_rotary(torch.ones(2, 8), [1.0], torch.ones(8)), TypeError, "cos must be a tensor"),
         (lambda: rope_inverse_frequencies(7, 10000.0), ValueError, "dim must be an even int"),
         (lambda: rope_inverse_frequencies(8, 1.0), ValueError, "base must be a number > 1"),

@@ -51,14 +51,16 @@ def test_a_zero_width_range_is_widened():
     inv_freq = yarn_inverse_frequencies(32, 10000.0, 4.0, 2048, 8.0, 8.0, True)
     plain = rope_inverse_frequencies(32, 10000.0)
     step = yarn_correction_range(8.0, 8.0, 32, 10000.0, 2048)[0]
-    torch.testing.assert_close(inv_freq[:step + 1], plain[:step + 1])
+    torch.testing.assert_close(inv_freq[: step + 1], plain[: step + 1])
     torch.testing.assert_close(inv_freq[step + 1 :], plain[step + 1 :] / 4.0)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_cos_sin_carry_the_temperature(interleaved):
     positions = torch.arange(6)
-    cos, sin = yarn_cos_sin(positions, 16, 10000.0, 4.0, 64, mscale=1.0, mscale_all_dim=0.5, interleaved=interleaved)
+    cos, sin = yarn_cos_sin(
+        positions, 16, 10000.0, 4.0, 64, mscale=1.0, mscale_all_dim=0.5, interleaved=interleaved
+    )
     assert cos.shape == sin.shape == (6, 16) and cos.dtype == torch.float32
     temperature = (0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1)
     angles = positions[:, None].float() * yarn_inverse_frequencies(16, 10000.0, 4.0, 64)
@@ -89,9 +91,9 @@ def test_matches_mcore_models_yarn(round_to_int, mscale, mscale_all_dim):
         yarn_mscale_all_dim=mscale_all_dim,
         yarn_correction_range_round_to_int=round_to_int,
     )
-    assert yarn_correction_range(32.0, 1.0, 64, 10000.0, 4096, round_to_int) == models_yarn.yarn_correction_range(
+    assert yarn_correction_range(
         32.0, 1.0, 64, 10000.0, 4096, round_to_int
-    )
+    ) == models_yarn.yarn_correction_range(32.0, 1.0, 64, 10000.0, 4096, round_to_int)
     rope = models_yarn.YarnRotaryEmbedding(config)
     position_ids = torch.arange(3 * 50).view(3, 50) * 97  # [b, s], past the original context
     cos, sin = rope(position_ids)  # [s, b, 1, 64]

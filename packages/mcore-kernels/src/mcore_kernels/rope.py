@@ -33,10 +33,19 @@ class _RotaryFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         interleaved, backend, shape = ctx.options
         rows = grad.reshape(-1, shape[-1]).contiguous()
-        return _backend(backend).rotate(rows, cos, sin, interleaved, True).view(shape), None, None, None, None, None
+        return (
+            _backend(backend).rotate(rows, cos, sin, interleaved, True).view(shape),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def _table_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _table_rows(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``cos, sin`` as ``[C, r]`` rows and the number of consecutive rows of ``x`` sharing one: the
     trailing dimensions of ``x`` over which the tables broadcast (typically the heads) are not expanded."""
     lead = tuple(x.shape[:-1])
@@ -65,7 +74,9 @@ def _check(x, cos, sin) -> None:
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"apply_rotary: x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     if cos.shape != sin.shape:
-        raise ValueError(f"apply_rotary: cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(
+            f"apply_rotary: cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     rotary = cos.shape[-1] if cos.dim() else 0
     if rotary < 2 or rotary % 2 or rotary > x.shape[-1]:
         raise ValueError(
@@ -121,7 +132,11 @@ def rope_cos_sin(
     """``(cos, sin)``, each ``[*positions.shape, 2 * len(inv_freq)]`` float32: the angles
     ``position * inv_freq`` laid out for ``apply_rotary`` (both halves, or both entries of each
     interleaved pair, hold pair ``i``'s angle), times ``scaling`` (YaRN's attention temperature)."""
-    if not isinstance(positions, torch.Tensor) or not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1:
+    if (
+        not isinstance(positions, torch.Tensor)
+        or not isinstance(inv_freq, torch.Tensor)
+        or inv_freq.dim() != 1
+    ):
         raise TypeError("rope_cos_sin: positions must be a tensor and inv_freq a 1-D tensor")
     angles = positions.unsqueeze(-1).float() * inv_freq.to(device=positions.device, dtype=torch.float32)
     angles = angles.repeat_interleave(2, dim=-1) if interleaved else torch.cat((angles, angles), dim=-1)
