@@ -3,7 +3,15 @@ errors for unknown names and for forcing Triton where it cannot run."""
 
 import pytest
 import torch
-from mcore_kernels import KernelBackendError, rms_norm, select_backend, use_backend
+from mcore_kernels import (
+    KernelBackendError,
+    apply_rotary,
+    clamped_swiglu,
+    rms_norm,
+    select_backend,
+    squared_relu,
+    use_backend,
+)
 from mcore_kernels import dispatch as dispatch_module
 
 
@@ -54,3 +62,19 @@ def test_forcing_triton_without_triton_is_an_error(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with use_backend("triton"), pytest.raises(KernelBackendError, match="triton is not installed"):
         rms_norm(torch.ones(2), torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    ("op", "call"),
+    [
+        ("apply_rotary", lambda: apply_rotary(torch.ones(2, 4), torch.ones(2, 4), torch.zeros(2, 4))),
+        ("clamped_swiglu", lambda: clamped_swiglu(torch.ones(2, 4))),
+        ("squared_relu", lambda: squared_relu(torch.ones(2, 4), torch.ones(2))),
+    ],
+)
+def test_every_op_refuses_a_forced_triton_it_cannot_run(monkeypatch, op, call):
+    monkeypatch.setattr(dispatch_module, "triton_importable", lambda: True)
+    with use_backend("triton"), pytest.raises(KernelBackendError, match=rf"{op}: .* \(TRITON_INTERPRET=1\)"):
+        call()
+    with use_backend("reference"):
+        call()

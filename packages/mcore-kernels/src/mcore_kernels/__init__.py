@@ -1,22 +1,53 @@
 """mcore's fused transformer ops: each a Triton kernel used on CUDA and a PyTorch reference that runs
 everywhere else and is the kernel's numerical oracle (``dispatch`` picks one). Today: RMSNorm and
-LayerNorm with an optional fused residual add; decode attention over a paged KV cache, with a
-C++ CPU kernel built at first use. Importing this package never imports Triton nor compiles."""
+LayerNorm with an optional fused residual add; rotary position embedding (half-split or interleaved,
+partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGLU, GeGLU,
+quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
+decode attention over a paged KV cache, with a C++ CPU kernel built at first use. Importing this
+package never imports Triton nor compiles anything."""
 
 from importlib.metadata import version as _version
 
+from mcore_kernels.activations import (
+    clamped_swiglu,
+    geglu,
+    quick_geglu,
+    quick_gelu,
+    squared_relu,
+    swiglu,
+)
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
 from mcore_kernels.norm import layer_norm, rms_norm
 from mcore_kernels.paged_attention import paged_decode_attention
+from mcore_kernels.rope import apply_rotary, rope_cos_sin, rope_inverse_frequencies
+from mcore_kernels.yarn import (
+    yarn_correction_range,
+    yarn_cos_sin,
+    yarn_inverse_frequencies,
+    yarn_mscale,
+)
 
 __version__ = _version("mcore-kernels")
 
 __all__ = [
     "KernelBackendError",
     "__version__",
+    "apply_rotary",
+    "clamped_swiglu",
+    "geglu",
     "layer_norm",
     "paged_decode_attention",
+    "quick_geglu",
+    "quick_gelu",
     "rms_norm",
+    "rope_cos_sin",
+    "rope_inverse_frequencies",
     "select_backend",
+    "squared_relu",
+    "swiglu",
     "use_backend",
+    "yarn_correction_range",
+    "yarn_cos_sin",
+    "yarn_inverse_frequencies",
+    "yarn_mscale",
 ]

@@ -1,0 +1,115 @@
+"""MLP activations in plain PyTorch: the numerical oracle of the Triton kernels and the path every
+non-CUDA tensor takes, with a hand-written backward that recomputes from the saved input (autograd
+of the formula would keep the activated gate and the clamped halves as well).
+
+Inputs are rows ``x [M, K]``. A gated activation splits each row into a gate and a linear half,
+either as the two halves ``[gate, up]`` of the row (``interleaved=False``, mcore's layout) or as
+alternating columns ``gate, up, gate, up, ...`` (``interleaved=True``, GPT-OSS's checkpoint layout),
+and returns ``act(gate') * (up' + offset)`` ``[M, K/2]``, where with a ``clamp`` value ``c``
+``gate' = min(gate, c)`` and ``up' = clamp(up, -c, c)`` (GPT-OSS), else ``gate' = gate, up' = up``.
+A plain activation returns ``act(x)`` ``[M, K]``. With per-row ``probs [M]`` (a token's router
+probability) the result is also multiplied by ``probs``, and ``probs`` gets a gradient.
+
+Arithmetic is in float32 (float64 for float64 inputs) and the output is rounded once to ``x``'s
+dtype. Clamping passes the gradient where the input lies inside the closed range, bounds included
+(the subgradient 1 that torch's derivative table documents for ``clamp``; some torch releases give 0
+at a bound instead).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# The activations of the gate (or of the whole input, for plain ones).
+KINDS = ("silu", "gelu", "quick_gelu", "squared_relu")
+
+
+@dataclass(frozen=True)
+class ActivationSpec:
+    """What to compute: ``kind`` (one of ``KINDS``), gated or plain, quick-GELU's ``alpha``, the
+    linear half's ``offset``, the ``clamp`` value (``None``: none) and the gated layout."""
+
+    kind: str
+    gated: bool
+    alpha: float = 1.702
+    offset: float = 0.0
+    clamp: float | None = None
+    interleaved: bool = False
+
+
+def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def _value_and_slope(x: torch.Tensor, spec: ActivationSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """``act(x)`` and ``act'(x)``."""
+    if spec.kind == "silu":
+        s = torch.sigmoid(x)
+        return x * s, s * (1 + x * (1 - s))
+    if spec.kind == "gelu":
+        cdf = 0.5 * (1 + torch.erf(x * (1 / math.sqrt(2))))
+        pdf = torch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+        return x * cdf, cdf + x * pdf
+    if spec.kind == "quick_gelu":
+        s = torch.sigmoid(spec.alpha * x)
+        return x * s, s + spec.alpha * x * s * (1 - s)
+    positive = x.clamp(min=0)  # squared_relu
+    return positive * positive, 2 * positive
+
+
+def _halves(x: torch.Tensor, spec: ActivationSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    if spec.interleaved:
+        return x[:, 0::2], x[:, 1::2]
+    return x.chunk(2, dim=-1)
+
+
+def _clamped(gate: torch.Tensor, up: torch.Tensor, spec: ActivationSpec):
+    """``(gate', up', gate passes gradient, up passes gradient)``."""
+    if spec.clamp is None:
+        return gate, up, None, None
+    c = spec.clamp
+    return gate.clamp(max=c), up.clamp(-c, c), gate <= c, (up >= -c) & (up <= c)
+
+
+def activation_forward(x: torch.Tensor, probs: torch.Tensor | None, spec: ActivationSpec) -> torch.Tensor:
+    """The activation of ``x [M, K]``, weighted by ``probs [M]`` when given."""
+    xf = x.to(_compute_dtype(x))
+    if spec.gated:
+        gate, up, _, _ = _clamped(*_halves(xf, spec), spec)
+        out = _value_and_slope(gate, spec)[0] * (up + spec.offset)
+    else:
+        out = _value_and_slope(xf, spec)[0]
+    if probs is not None:
+        out = out * probs.to(out.dtype).unsqueeze(-1)
+    return out.to(x.dtype)
+
+
+def activation_backward(
+    dout: torch.Tensor, x: torch.Tensor, probs: torch.Tensor | None, spec: ActivationSpec
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(dx, dprobs)`` from ``dout`` (the output's gradient); ``dprobs`` is ``None`` without probs."""
+    xf = x.to(_compute_dtype(x))
+    dof = dout.to(xf.dtype)
+    weighted = dof if probs is None else dof * probs.to(xf.dtype).unsqueeze(-1)
+    if not spec.gated:
+        value, slope = _value_and_slope(xf, spec)
+        dx = weighted * slope
+        dprobs = None if probs is None else (dof * value).sum(-1)
+        return dx.to(x.dtype), None if dprobs is None else dprobs.to(probs.dtype)
+    gate, up, gate_passes, up_passes = _clamped(*_halves(xf, spec), spec)
+    value, slope = _value_and_slope(gate, spec)
+    linear = up + spec.offset
+    dgate = weighted * linear * slope
+    dup = weighted * value
+    if gate_passes is not None:
+        dgate = dgate * gate_passes
+        dup = dup * up_passes
+    dx = torch.empty_like(xf)
+    dx_gate, dx_up = _halves(dx, spec)
+    dx_gate.copy_(dgate)
+    dx_up.copy_(dup)
+    dprobs = None if probs is None else (dof * value * linear).sum(-1).to(probs.dtype)
+    return dx.to(x.dtype), dprobs
