@@ -77,13 +77,12 @@ def test_ep2_trains_like_ep1(distributed_optimizer, grouped, run_distributed, ti
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(distributed_optimizer=True, global_batch=8), dict(pp=2)],
-    ids=["ep2-expert-dp2-distributed-optimizer", "pp2-ep2"],
+    [dict(distributed_optimizer=True, global_batch=8), dict(pp=2), dict(tp=2), dict(cp=2)],
+    ids=["ep2-expert-dp2-distributed-optimizer", "pp2-ep2", "tp2-ep2", "cp2-ep2"],
 )
 def test_ep2_on_four_ranks_trains_like_ep1(layout, run_distributed, tiny_configs, tmp_path):
-    oracle = _run(
-        run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), 1 if "pp" not in layout else 2
-    )
+    model_parallel = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
+    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel)
     report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4)
     _assert_same_training(report, oracle)
 
