@@ -56,7 +56,7 @@ def _assert_same_training(report, oracle):
         # atol: Adam divides by the gradient's size, so a near-zero gradient's rounding moves a weight
         # by up to ~1e-3 of a step (lr 1e-2)
         torch.testing.assert_close(
-            params[key], expected[key], rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}"
+            params[key], expected[key], rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
         )
 
 

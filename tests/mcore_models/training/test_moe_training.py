@@ -28,4 +28,3 @@ def test_moe_model_trains_and_logs_router_losses(run_distributed, tiny_configs, 
     scalars = read_scalars(tmp_path / "tb")
     assert set(scalars["moe/load_balancing_loss"]) == {1, 2}
     assert all(v > 0 for v in scalars["moe/z_loss"].values())
-
