@@ -77,8 +77,20 @@ def test_ep2_trains_like_ep1(distributed_optimizer, grouped, run_distributed, ti
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(distributed_optimizer=True, global_batch=8), dict(pp=2), dict(tp=2), dict(cp=2)],
-    ids=["ep2-expert-dp2-distributed-optimizer", "pp2-ep2", "tp2-ep2", "cp2-ep2"],
+    [
+        dict(distributed_optimizer=True, global_batch=8),
+        dict(pp=2),
+        dict(pp=2, vpp=2, global_batch=8, distributed_optimizer=True),
+        dict(tp=2),
+        dict(cp=2),
+    ],
+    ids=[
+        "ep2-expert-dp2-distributed-optimizer",
+        "pp2-ep2",
+        "pp2-vpp2-ep2-distributed-optimizer",
+        "tp2-ep2",
+        "cp2-ep2",
+    ],
 )
 def test_ep2_on_four_ranks_trains_like_ep1(layout, run_distributed, tiny_configs, tmp_path):
     model_parallel = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
