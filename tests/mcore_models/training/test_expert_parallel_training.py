@@ -66,12 +66,13 @@ def _assert_same_training(report, oracle):
     ids=["adamw-sequential-experts", "distributed-optimizer-grouped-experts"],
 )
 def test_ep2_trains_like_ep1(distributed_optimizer, grouped, run_distributed, tiny_configs, tmp_path):
-    layout = dict(distributed_optimizer=distributed_optimizer)
+    layout = dict(distributed_optimizer=distributed_optimizer, sample_tokens=4)  # greedy sample too
     extra = dict(moe_grouped_gemm=grouped)
     oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout), **extra), 1)
     report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2, **extra), 2)
     assert "EP=2 DP=2" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
+    assert report["sample"] == oracle["sample"] is not None
     _assert_same_training(report, oracle)
 
 

@@ -48,11 +48,11 @@ def _build_local_experts(spec, config: TransformerConfig, local: int, first: int
     everything = build_module(spec, config, num_local_experts=total)
     with torch.random.fork_rng(devices=_random_state_devices()):  # the stream moved on already
         experts = build_module(spec, config, num_local_experts=local)
-    experts.load_state_dict(local_expert_state(everything.state_dict(), total, first, local))
+    experts.load_state_dict(_local_expert_state(everything.state_dict(), total, first, local))
     return experts
 
 
-def local_expert_state(state: dict, total: int, first: int, local: int) -> dict:
+def _local_expert_state(state: dict, total: int, first: int, local: int) -> dict:
     """The part of an all-experts state dict (``local_experts.<e>.*`` per expert, or tensors stacked
     along dim 0 by expert) that holds experts ``first .. first + local - 1``, renumbered from 0."""
     result = {}
