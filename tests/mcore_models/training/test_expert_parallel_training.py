@@ -61,15 +61,27 @@ def _assert_same_training(report, oracle):
 
 
 @pytest.mark.parametrize(
-    "distributed_optimizer, grouped",
-    [(False, False), (True, True)],
-    ids=["adamw-sequential-experts", "distributed-optimizer-grouped-experts"],
+    "distributed_optimizer, grouped, overlap",
+    [(False, False, False), (True, True, False), (True, False, True)],
+    ids=[
+        "adamw-sequential-experts",
+        "distributed-optimizer-grouped-experts",
+        "distributed-optimizer-overlapped-reduction",
+    ],
 )
-def test_ep2_trains_like_ep1(distributed_optimizer, grouped, run_distributed, tiny_configs, tmp_path):
+def test_ep2_trains_like_ep1(
+    distributed_optimizer, grouped, overlap, run_distributed, tiny_configs, tmp_path
+):
     layout = dict(distributed_optimizer=distributed_optimizer, sample_tokens=4)  # greedy sample too
     extra = dict(moe_grouped_gemm=grouped)
-    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout), **extra), 1)
-    report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2, **extra), 2)
+    runs = []
+    for name, ep in (("ep1", 1), ("ep2", 2)):
+        configs = _moe(tiny_configs(tmp_path / name, 3, **layout), ep, **extra)
+        configs.ddp = dataclasses.replace(
+            configs.ddp, overlap_grad_reduce=overlap, bucket_size=2000 if overlap else None
+        )
+        runs.append(_run(run_distributed, configs, ep))
+    oracle, report = runs
     assert "EP=2 DP=2" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
     assert report["sample"] == oracle["sample"] is not None
