@@ -57,13 +57,17 @@ MARKED_MOE = {
         "MoELayer",
         "MoESubmodules",
         "RouterOutput",
+        "RouterReplay",
+        "RouterReplayAction",
         "SequentialExperts",
         "SharedExpertMLP",
         "TopKRouter",
+        "attach_router_replay",
         "aux_loss_backward_scale",
         "group_limited_topk",
         "reset_global_loads",
         "router_loss_metrics",
+        "set_router_replay_action",
         "update_expert_biases",
     )
 }

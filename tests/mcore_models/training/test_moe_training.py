@@ -3,9 +3,8 @@ on): it trains and logs the router losses of every iteration."""
 
 import dataclasses
 
-import pytest
-from mcore_models.training import parse_train_args, pretrain, resolve_configs
-from mcore_parallel import ConfigError, LoggerConfig
+from mcore_models.training import pretrain
+from mcore_parallel import LoggerConfig
 from mcore_testing.tensorboard_events import needs_tensorboard, read_scalars
 
 
@@ -29,9 +28,3 @@ def test_moe_model_trains_and_logs_router_losses(run_distributed, tiny_configs, 
     scalars = read_scalars(tmp_path / "tb")
     assert set(scalars["moe/load_balancing_loss"]) == {1, 2}
     assert all(v > 0 for v in scalars["moe/z_loss"].values())
-
-
-def test_expert_parallel_training_is_refused_with_the_field_named():
-    configs = parse_train_args(["--num-moe-experts", "4", "--expert-model-parallel-size", "2"])
-    with pytest.raises(ConfigError, match="expert_model_parallel_size: mcore-train does not yet"):
-        resolve_configs(configs, 2)

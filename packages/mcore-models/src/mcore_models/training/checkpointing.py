@@ -1,7 +1,8 @@
 """Training checkpoints: model and optimizer state named globally, so any TP/PP/DP layout (and
 either optimizer) can load what another saved, through mcore-parallel's ``DistributedCheckpointer``.
 
-Keys: ``model.<global parameter name>``, ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
+Keys: ``model.<global parameter name>`` (MoE experts by their global index, see ``_global_names``,
+so any expert-parallel size loads them), ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
 and ``optimizer.step``. Tensor-parallel shards are described with their global shape
 (``sharded_tensor``), so loading reshards them. ``history`` (JSON text, saved with the tensors,
 so an asynchronous save needs nothing written after it) keeps the loss curve so far for the report
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from mcore_api import experimental_api, internal_api
 from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
+from ..transformer.moe import MoELayer
 from ..transformer.process_groups import resolve_process_groups
 from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
@@ -49,6 +51,41 @@ def _add_sharded(
         state[key] = sharded_tensor(tensor, tp_group, dim)
 
 
+def _global_names(model: TrainModel) -> list[tuple[str, torch.nn.Parameter, tuple | None]]:
+    """``(global name, parameter, expert sharding)`` for every parameter of ``model``.
+
+    An MoE layer's experts are named by their global expert index: ``local_experts.<j>`` becomes
+    ``local_experts.<first + j>``; tensors stacked by expert (``GroupedExperts``) get the sharding
+    ``(ep_group, 0)``, so an expert-parallel rank's experts are its slice of the global stack."""
+    experts: dict[torch.nn.Parameter, MoELayer] = {
+        p: layer
+        for layer in model.container.modules()
+        if isinstance(layer, MoELayer)
+        for p in layer.experts.parameters()
+    }
+    named = []
+    for local_name, param in model.container.named_parameters():
+        name, sharding = model.global_parameter_name(local_name), None
+        layer = experts.get(param)
+        if layer is not None and layer.ep_group is not None:
+            parts = name.split(".")
+            if "local_experts" in parts[:-1]:
+                at = parts.index("local_experts") + 1
+                parts[at] = str(int(parts[at]) + layer.local_expert_offset)
+                name = ".".join(parts)
+            else:
+                sharding = (layer.ep_group, 0)
+        named.append((name, param, sharding))
+    return named
+
+
+def _add(state: dict, key: str, tensor: torch.Tensor, param, sharding, tp_group) -> None:
+    if sharding is None:
+        _add_sharded(state, key, tensor, param, tp_group)
+    else:
+        state[key] = sharded_tensor(tensor, *sharding)
+
+
 @internal_api
 def training_state_dict(
     model: TrainModel,
@@ -60,14 +97,14 @@ def training_state_dict(
     """This rank's part of the checkpoint. Its tensors are views of the parameters and of
     ``param_states`` (default ``optimizer.gather_param_states()``), so loading into it fills them."""
     state: dict[str, torch.Tensor] = {}
-    named = [(model.global_parameter_name(n), p) for n, p in model.container.named_parameters()]
-    for g, p in named:
-        _add_sharded(state, f"model.{g}", p.detach(), p, tp_group)
+    named = _global_names(model)
+    for g, p, sharding in named:
+        _add(state, f"model.{g}", p.detach(), p, sharding, tp_group)
     if with_optimizer:
         states = param_states if param_states is not None else optimizer.gather_param_states()
-        for g, p in named:
+        for g, p, sharding in named:
             for key, value in states[p].items():
-                _add_sharded(state, f"optimizer.{g}.{key}", value, p, tp_group)
+                _add(state, f"optimizer.{g}.{key}", value, p, sharding, tp_group)
         state["optimizer.step"] = torch.tensor(optimizer.step_count)
     return state
 

@@ -67,9 +67,9 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     Raises:
         ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
-            other than ``torch_dist``, expert parallelism (not wired into training yet), a layout
-            ``--fsdp`` cannot run, or an option context parallelism cannot (see
-            ``_check_context_parallel``).
+            other than ``torch_dist``, an expert-parallel size that does not fit (see
+            ``_check_expert_parallel``), a layout ``--fsdp`` cannot run, or an option context
+            parallelism cannot (see ``_check_context_parallel``).
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -111,16 +111,42 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             "mcore-train writes torch_dist checkpoints (torch.distributed.checkpoint; with --fsdp they hold "
             f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
         )
-    if model.expert_model_parallel_size > 1:
-        raise ConfigError(
-            ["expert_model_parallel_size"],
-            "mcore-train does not yet reduce expert gradients over the expert-data-parallel group; "
-            "train MoE models with expert_model_parallel_size 1 (expert parallelism works in MoELayer)",
-        )
+    _check_expert_parallel(configs, world_size // mp)
     if training.fsdp:
         check_fsdp_layout(configs)
     training = dataclasses.replace(training, global_batch_size=global_batch)
     return dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
+
+
+def _check_expert_parallel(configs: TrainConfigs, dp_cp: int) -> None:
+    """EP > 1 needs MoE layers, experts that divide over it, EP dividing the ranks of one TP x PP
+    slice (data x context parallel ranks: the expert grid is expert-TP x EP x expert-DP x PP) and
+    no ``--fsdp`` (mcore-train wires expert parallelism into DDP and the distributed optimizer)."""
+    model, ep = configs.model, configs.model.expert_model_parallel_size
+    if ep == 1:
+        return
+    if model.num_moe_experts is None or model.num_moe_experts % ep:
+        raise ConfigError(
+            ["num_moe_experts", "expert_model_parallel_size"],
+            f"num_moe_experts ({model.num_moe_experts}) must be a multiple of expert_model_parallel_size ({ep})",
+        )
+    if dp_cp % ep:
+        raise ConfigError(
+            ["expert_model_parallel_size", "nproc_per_node"],
+            f"expert_model_parallel_size ({ep}) must divide the data x context parallel ranks ({dp_cp} = "
+            "ranks / (TP x PP)): expert-parallel ranks are taken from them",
+        )
+    if configs.training.export_hf:
+        raise ConfigError(
+            ["expert_model_parallel_size", "export_hf"],
+            "Hugging Face export needs all experts on one rank: train with expert_model_parallel_size 1, "
+            "or convert the checkpoint afterwards",
+        )
+    if configs.training.fsdp:
+        raise ConfigError(
+            ["expert_model_parallel_size", "fsdp"],
+            "mcore-train runs expert parallelism with DDP or the distributed optimizer, not with --fsdp",
+        )
 
 
 def _check_context_parallel(configs: TrainConfigs) -> None:
@@ -166,6 +192,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
             pipeline_model_parallel_size=model_config.pipeline_model_parallel_size,
             context_parallel_size=model_config.context_parallel_size,
             virtual_pipeline_model_parallel_size=model_config.virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=model_config.expert_model_parallel_size,
             order=model_config.parallel_order,
         )
     try:
@@ -347,6 +374,11 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
                 else ""
             )
             + (f" CP={model_config.context_parallel_size}" if model_config.context_parallel_size > 1 else "")
+            + (
+                f" EP={model_config.expert_model_parallel_size}"
+                if model_config.expert_model_parallel_size > 1
+                else ""
+            )
             + f" DP={dp_size}"
             + (" SP" if model_config.sequence_parallel else "")
             + (" distributed-optimizer" if configs.ddp.use_distributed_optimizer else "")
@@ -401,11 +433,23 @@ def _count_parameters(model, groups, fsdp: bool = False) -> int:
         names = {name for name, _ in model.chunks[0].named_parameters()}
         return sum(t.numel() for name, t in model.chunks[0].state_dict().items() if name in names)
     tp = dist.get_world_size(groups.tp)
+    ep = dist.get_world_size(groups.ep) if groups.ep is not None else 1
     local = sum(
         p.numel() * (1.0 if getattr(p, "tensor_model_parallel", False) else 1.0 / tp)
         for p in model.container.parameters()
+        if not (ep > 1 and getattr(p, "expert_parallel", False))
     )
-    total = torch.tensor([local], dtype=torch.float64, device=get_group_device(groups.mp))
+    experts = sum(
+        p.numel() / tp
+        for p in model.container.parameters()
+        if ep > 1 and getattr(p, "expert_parallel", False)
+    )
+    device = get_group_device(groups.mp)
+    total = torch.tensor([local], dtype=torch.float64, device=device)
+    if ep > 1:  # each expert-parallel rank holds other experts
+        experts = torch.tensor([experts], dtype=torch.float64, device=device)
+        dist.all_reduce(experts, group=groups.ep)
+        total += experts
     dist.all_reduce(total, group=groups.mp)
     return round(total.item())
 

@@ -9,6 +9,7 @@ from mcore_parallel import checkpoint
 from ..config.transformer_config import TransformerConfig
 from .inference_context import InferenceContext
 from .norm import build_norm
+from .recompute_phase import recomputable
 from .spec import ModuleSpec, build_module
 
 
@@ -84,12 +85,13 @@ class TransformerBlock(torch.nn.Module):
             step = config.recompute_num_layers
             if config.recompute_method == "uniform":
                 for start in range(0, count, step):
-                    hidden_states = checkpoint(self._run_layers(start, start + step), hidden_states, *context)
+                    run = recomputable(self._run_layers(start, start + step))
+                    hidden_states = checkpoint(run, hidden_states, *context)
             else:
                 for index in range(count):
                     run = self._run_layers(index, index + 1)
                     hidden_states = (
-                        checkpoint(run, hidden_states, *context)
+                        checkpoint(recomputable(run), hidden_states, *context)
                         if index < step
                         else run(hidden_states, *context)
                     )

@@ -12,7 +12,7 @@ from ..distributed.data_parallel import DistributedDataParallel
 from ..distributed.grad_bucket import GradBucket
 from ..process_groups.collection import ProcessGroupCollection
 from .adam import build_adam_optimizer
-from .grad_norm import all_reduce_grad_norm, counts_toward_grad_norm, sum_of_squares
+from .grad_norm import all_reduce_grad_norm, all_reduce_sum, counts_toward_grad_norm, sum_of_squares
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -39,6 +39,12 @@ class DistributedOptimizer:
             raise ConfigError(
                 ["use_distributed_optimizer"],
                 "DistributedOptimizer needs a model wrapped with it set to True",
+            )
+        if model.expert_dp_group is not None and getattr(process_groups, "ep", None) is None:
+            raise ConfigError(
+                ["expert_model_parallel_size"],
+                "a model with expert-parallel gradient buffers needs process_groups with its ep group "
+                "(for the gradient norm)",
             )
         self.model = model
         self.config = config if config is not None else OptimizerConfig()
@@ -87,16 +93,25 @@ class DistributedOptimizer:
     def _global_grad_norm(self) -> float:
         """Norm of the whole model's gradient; each element counted once (see ``grad_norm``)."""
         tp_group = self.process_groups.tp if self.process_groups is not None else None
-        owned = []
+        owned, expert_owned = [], []
         for main, bucket in zip(self.main_params, self.buckets, strict=True):
             shard_end = bucket.shard_start + bucket.shard_numel
+            expert = bucket.dp_group is not self.model.dp_group  # an expert-parallel buffer's
             for param, offset in bucket.param_offsets.items():
                 start, end = max(offset, bucket.shard_start), min(offset + param.numel(), shard_end)
                 if start < end and counts_toward_grad_norm(param, tp_group):
-                    owned.append(main.grad[start - bucket.shard_start : end - bucket.shard_start])
+                    part = main.grad[start - bucket.shard_start : end - bucket.shard_start]
+                    (expert_owned if expert else owned).append(part)
         squares = sum_of_squares(owned)
         model_parallel = self.process_groups.mp if self.process_groups is not None else None
-        return all_reduce_grad_norm(squares, [self.model.dp_group, model_parallel])
+        if self.model.expert_dp_group is None:
+            return all_reduce_grad_norm(squares, [self.model.dp_group, model_parallel])
+        # experts: summed over the ranks sharing their gradients and the ranks holding other experts
+        dense = all_reduce_sum(squares, [self.model.dp_group])
+        experts = all_reduce_sum(
+            sum_of_squares(expert_owned), [self.model.expert_dp_group, self.process_groups.ep]
+        )
+        return all_reduce_grad_norm(dense + experts.to(dense.device), [model_parallel])
 
     def _publish_main_params(self) -> None:
         """Copy the main shards into the model parameters and all-gather them."""
@@ -124,16 +139,17 @@ class DistributedOptimizer:
     def gather_param_states(self) -> dict[torch.nn.Parameter, dict[str, torch.Tensor]]:
         """Every model parameter's float32 ``main`` value and Adam moments, in the parameter's shape.
 
-        Collective over the data-parallel group (all-gathers each bucket's shards), for saving.
+        Collective over the data-parallel group (all-gathers each bucket's shards over the bucket's
+        group: the expert-data-parallel one for expert buffers), for saving.
         """
         self.ensure_state()
         states: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
-        device = get_group_device(self.model.dp_group)
         for main, bucket in zip(self.main_params, self.buckets, strict=True):
             state = self.optimizer.state[main]
+            device = get_group_device(bucket.dp_group)
             for key, shard in (("main", main.detach()), *((k, state[k]) for k in STATE_KEYS)):
                 full = torch.empty(bucket.grad_data.numel(), dtype=torch.float32, device=device)
-                dist.all_gather_into_tensor(full, shard.to(device), group=self.model.dp_group)
+                dist.all_gather_into_tensor(full, shard.to(device), group=bucket.dp_group)
                 for param, offset in bucket.param_offsets.items():
                     states.setdefault(param, {})[key] = full.narrow(0, offset, param.numel()).view(
                         param.shape

@@ -5,6 +5,10 @@ tensor-parallel rank, a parameter replicated across the tensor-parallel group (l
 biases) on tensor-parallel rank 0 only, each pipeline stage's own parameters on that stage. The
 local sums of squares are then added up over the model-parallel group (tensor x pipeline) and,
 where gradients are sharded (distributed optimizer), over the data-parallel group.
+
+Expert-parallel parameters (``param.expert_parallel``, MoE experts: each expert-parallel rank holds
+other experts) are summed over the expert-parallel group first (and over the expert-data-parallel
+group where sharded), so each expert counts once too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ def counts_toward_grad_norm(param: torch.Tensor, tp_group: dist.ProcessGroup | N
     return dist.get_rank(tp_group) == 0
 
 
+def is_expert_parallel(param: torch.Tensor) -> bool:
+    """Whether ``param`` is an expert's, different on each expert-parallel rank (``expert_parallel``)."""
+    return getattr(param, "expert_parallel", False)
+
+
 def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """Float64 sum of squares of ``tensors``, added up on the device of the first (no host sync)."""
     sums = [tensor.detach().double().square().sum() for tensor in tensors]
@@ -38,11 +47,16 @@ def all_reduce_grad_norm(
     local_sum_of_squares: torch.Tensor, groups: Iterable[dist.ProcessGroup | None]
 ) -> float:
     """Add ``local_sum_of_squares`` over each distinct group given and return the square root."""
-    total = local_sum_of_squares.double()
+    return math.sqrt(all_reduce_sum(local_sum_of_squares, groups).item())
+
+
+def all_reduce_sum(local: torch.Tensor, groups: Iterable[dist.ProcessGroup | None]) -> torch.Tensor:
+    """``local`` (float64) added up over each distinct group given, in turn."""
+    total = local.double()
     for group in dict.fromkeys(group for group in groups if group is not None):
         total = total.to(get_group_device(group))
         dist.all_reduce(total, group=group)
-    return math.sqrt(total.item())
+    return total
 
 
 def clip_grad_norm(
@@ -55,7 +69,8 @@ def clip_grad_norm(
     Uses ``param.main_grad`` where ``DistributedDataParallel`` put it, else ``param.grad``;
     gradients must already be reduced over the data-parallel group. Scales them in place so the
     global norm is at most ``max_norm`` (``max_norm <= 0``: no clipping) and returns the global norm
-    before clipping. Without ``process_groups`` the model is taken to be unsplit.
+    before clipping. Without ``process_groups`` the model is taken to be unsplit. With an
+    expert-parallel group of more than one rank, expert parameters' squares are first added up over it.
     """
     tp_group = process_groups.tp if process_groups is not None else None
     grads = []
@@ -64,7 +79,14 @@ def clip_grad_norm(
         grad = param.grad if grad is None else grad
         if grad is not None:
             grads.append((param, grad))
-    local = sum_of_squares(grad for param, grad in grads if counts_toward_grad_norm(param, tp_group))
+    ep_group = process_groups.ep if process_groups is not None else None
+    split = ep_group is not None and dist.get_world_size(ep_group) > 1
+    counted = [(param, grad) for param, grad in grads if counts_toward_grad_norm(param, tp_group)]
+    local = sum_of_squares(grad for param, grad in counted if not (split and is_expert_parallel(param)))
+    if split:
+        experts = sum_of_squares(grad for param, grad in counted if is_expert_parallel(param))
+        experts = all_reduce_sum(experts, [ep_group])
+        local = local.to(experts.device) + experts
     norm = all_reduce_grad_norm(local, [process_groups.mp if process_groups is not None else None])
     if max_norm > 0 and norm > max_norm:
         for _, grad in grads:

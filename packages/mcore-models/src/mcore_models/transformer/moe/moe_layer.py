@@ -30,6 +30,47 @@ def _resolve_ep_group(
     return ep_group
 
 
+def _random_state_devices() -> list[int]:
+    return [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+
+
+def _build_local_experts(spec, config: TransformerConfig, local: int, first: int) -> torch.nn.Module:
+    """The experts ``first .. first + local - 1`` with the initial weights they have at any EP size.
+
+    With expert parallelism every rank draws the initial weights of all ``num_moe_experts`` experts,
+    in the order one process would, keeps its own and drops the rest: the random stream then moves
+    on exactly as without expert parallelism (so later layers match too), and the experts of
+    different ranks differ. Costs one layer's full expert weights for the time of the copy.
+    """
+    total = config.num_moe_experts
+    if local == total:
+        return build_module(spec, config, num_local_experts=local)
+    everything = build_module(spec, config, num_local_experts=total)
+    with torch.random.fork_rng(devices=_random_state_devices()):  # the stream moved on already
+        experts = build_module(spec, config, num_local_experts=local)
+    experts.load_state_dict(_local_expert_state(everything.state_dict(), total, first, local))
+    return experts
+
+
+def _local_expert_state(state: dict, total: int, first: int, local: int) -> dict:
+    """The part of an all-experts state dict (``local_experts.<e>.*`` per expert, or tensors stacked
+    along dim 0 by expert) that holds experts ``first .. first + local - 1``, renumbered from 0."""
+    result = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if "local_experts" in parts[:-1]:
+            at = parts.index("local_experts") + 1
+            index = int(parts[at])
+            if first <= index < first + local:
+                parts[at] = str(index - first)
+                result[".".join(parts)] = value
+        elif torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == total:
+            result[key] = value[first : first + local]
+        else:
+            result[key] = value
+    return result
+
+
 @experimental_api
 class MoELayer(torch.nn.Module):
     """Mixture of experts on ``[s, b, h]``, called and returning like ``MLP``.
@@ -71,7 +112,11 @@ class MoELayer(torch.nn.Module):
             )
         self.num_local_experts = self.dispatcher.num_local_experts
         self.local_expert_offset = self.dispatcher.first_expert
-        self.experts = build_module(submodules.experts, config, num_local_experts=self.num_local_experts)
+        self.experts = _build_local_experts(
+            submodules.experts, config, self.num_local_experts, self.local_expert_offset
+        )
+        for param in self.experts.parameters():
+            param.expert_parallel = True  # reduced over the expert-data-parallel group, see DDP
         self.shared_experts = (
             build_module(submodules.shared_experts, config, tp_group=tp_group)
             if submodules.shared_experts is not None

@@ -13,6 +13,7 @@ from ..init import init_method
 from .aux_loss import load_balancing_loss, sequence_load_balancing_loss, z_loss
 from .capacity import capacity_keep_mask, expert_capacity
 from .router_interface import RouterOutput
+from .router_replay import RouterReplay
 
 
 @experimental_api
@@ -41,7 +42,8 @@ class TopKRouter(torch.nn.Module):
     ``moe_router_enable_expert_bias`` a float32 buffer ``expert_bias`` shifts the top-k choice only
     (not the weights), and training forwards count tokens per expert for ``update_expert_bias``.
     ``last_losses`` holds the detached losses (scalar tensors) of the latest training forward, for
-    logging.
+    logging. ``router_replay`` (a ``RouterReplay``, default ``None``) records or replays the top-k
+    choice.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -69,6 +71,7 @@ class TopKRouter(torch.nn.Module):
         # over ``data_parallel_group`` (default: the global one of initialize_model_parallel).
         self.register_buffer("global_load", torch.zeros(self.num_experts + 1), persistent=False)
         self.data_parallel_group: dist.ProcessGroup | None = None
+        self.router_replay: RouterReplay | None = None  # see router_replay.attach_router_replay
 
     def _jitter(self, hidden: torch.Tensor) -> torch.Tensor:
         eps = self.config.moe_input_jitter_eps
@@ -89,12 +92,11 @@ class TopKRouter(torch.nn.Module):
         if self.expert_bias is not None:
             choice = choice + self.expert_bias
         choice = choice.detach()
-        if config.moe_router_num_groups is not None:
-            indices = group_limited_topk(
-                choice, self.topk, config.moe_router_num_groups, config.moe_router_group_topk
-            )
+        if self.router_replay is not None:
+            indices = self.router_replay.route(lambda: self._top_experts(choice), logits.shape[0], self.topk)
+            indices = indices.to(logits.device)
         else:
-            indices = choice.topk(self.topk, dim=-1).indices
+            indices = self._top_experts(choice)
         if post_softmax:
             probs = torch.softmax(logits.gather(1, indices), dim=-1)
         else:
@@ -104,6 +106,14 @@ class TopKRouter(torch.nn.Module):
                     probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
                 scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
         return probs, indices, scores
+
+    def _top_experts(self, choice: torch.Tensor) -> torch.Tensor:
+        config = self.config
+        if config.moe_router_num_groups is not None:
+            return group_limited_topk(
+                choice, self.topk, config.moe_router_num_groups, config.moe_router_group_topk
+            )
+        return choice.topk(self.topk, dim=-1).indices
 
     def _aux_loss(
         self, logits: torch.Tensor, scores: torch.Tensor, indices: torch.Tensor, batch: int

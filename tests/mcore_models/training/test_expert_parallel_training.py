@@ -1,0 +1,153 @@
+"""``pretrain`` with expert parallelism: EP = 2 trains the model EP = 1 trains on one process.
+
+The oracle is the same configuration at EP = 1 on a single rank (fp32; the layouts differ only in
+summation order, rtol 1e-4 as the other layout tests). Expert weights are initialized independently
+of the EP size, so both runs start from the same model; parameters are compared through the final
+checkpoints, read back into one process (experts by their global index).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from mcore_models.training import parse_train_args, pretrain, resolve_configs
+from mcore_parallel import ConfigError
+
+MOE = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16, moe_aux_loss_coeff=0.01)
+
+
+def _moe(configs, ep=1, **extra):
+    configs.model = dataclasses.replace(configs.model, **MOE, expert_model_parallel_size=ep, **extra)
+    return configs
+
+
+def _run(run_distributed, configs, world_size):
+    (report,) = [r for r in run_distributed(pretrain, world_size, configs, timeout=180) if r is not None]
+    return report
+
+
+def _losses(report):
+    return torch.tensor([loss for _, loss in report["history"]["train"]])
+
+
+def _final_checkpoint(report) -> dict[str, torch.Tensor]:
+    """Every model tensor of the run's final checkpoint, whole (read on this one process)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict = {}
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(report["checkpoint"]),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
+    return {k: v for k, v in state.items() if k.startswith("model.")}
+
+
+def _assert_same_training(report, oracle):
+    torch.testing.assert_close(_losses(report), _losses(oracle), rtol=1e-4, atol=0)
+    assert len(set(_losses(report).tolist())) == len(report["history"]["train"])  # it did train
+    params, expected = _final_checkpoint(report), _final_checkpoint(oracle)
+    assert params.keys() == expected.keys()
+    assert any(".local_experts.3." in k or ".experts.weight1" in k for k in params)
+    for key in expected:
+        # atol: Adam divides by the gradient's size, so a near-zero gradient's rounding moves a weight
+        # by up to ~1e-3 of a step (lr 1e-2)
+        torch.testing.assert_close(
+            params[key], expected[key], rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+        )
+
+
+@pytest.mark.parametrize(
+    "distributed_optimizer, grouped, overlap",
+    [(False, False, False), (True, True, False), (True, False, True)],
+    ids=[
+        "adamw-sequential-experts",
+        "distributed-optimizer-grouped-experts",
+        "distributed-optimizer-overlapped-reduction",
+    ],
+)
+def test_ep2_trains_like_ep1(
+    distributed_optimizer, grouped, overlap, run_distributed, tiny_configs, tmp_path
+):
+    layout = dict(distributed_optimizer=distributed_optimizer, sample_tokens=4)  # greedy sample too
+    extra = dict(moe_grouped_gemm=grouped)
+    runs = []
+    for name, ep in (("ep1", 1), ("ep2", 2)):
+        configs = _moe(tiny_configs(tmp_path / name, 3, **layout), ep, **extra)
+        configs.ddp = dataclasses.replace(
+            configs.ddp, overlap_grad_reduce=overlap, bucket_size=2000 if overlap else None
+        )
+        runs.append(_run(run_distributed, configs, ep))
+    oracle, report = runs
+    assert "EP=2 DP=2" in report["layout"]
+    assert report["parameters"] == oracle["parameters"]
+    assert report["sample"] == oracle["sample"] is not None
+    _assert_same_training(report, oracle)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(distributed_optimizer=True, global_batch=8),
+        dict(pp=2),
+        dict(pp=2, vpp=2, global_batch=8, distributed_optimizer=True),
+        dict(tp=2),
+        dict(cp=2),
+    ],
+    ids=[
+        "ep2-expert-dp2-distributed-optimizer",
+        "pp2-ep2",
+        "pp2-vpp2-ep2-distributed-optimizer",
+        "tp2-ep2",
+        "cp2-ep2",
+    ],
+)
+def test_ep2_on_four_ranks_trains_like_ep1(layout, run_distributed, tiny_configs, tmp_path):
+    model_parallel = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
+    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel)
+    report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4)
+    _assert_same_training(report, oracle)
+
+
+def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
+    run_distributed, tiny_configs, checkpoint_at, tmp_path
+):
+    """EP = 2 (distributed optimizer) -> EP = 1 (AdamW) at iteration 2 -> EP = 2 at iteration 4."""
+    whole = _run(
+        run_distributed,
+        _moe(tiny_configs(tmp_path / "ep2", 5, save_interval=2, distributed_optimizer=True), 2),
+        2,
+    )
+    source = checkpoint_at(tmp_path / "ep2" / "checkpoints", 2, tmp_path / "at-2")
+    resumed = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "ep1", 5, save_interval=2, load=str(source))), 1
+    )
+    assert resumed["resumed_from"] == 2
+    torch.testing.assert_close(_losses(resumed)[2:], _losses(whole)[2:], rtol=1e-4, atol=0)
+    at_4 = checkpoint_at(tmp_path / "ep1" / "checkpoints", 4, tmp_path / "at-4")
+    again = _run(run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4)), 2), 2)
+    assert again["resumed_from"] == 4 and again["iterations_run"] == 1
+    torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize(
+    "world, argv, fields",
+    [
+        (2, ["--num-moe-experts", "3"], "num_moe_experts, expert_model_parallel_size"),
+        (
+            4,
+            ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "4"],
+            "expert_model_parallel_size, nproc_per_node",
+        ),
+        (2, ["--fsdp"], "expert_model_parallel_size, fsdp"),
+        (2, ["--export-hf", "hf"], "expert_model_parallel_size, export_hf"),
+    ],
+    ids=["experts-not-divisible", "ep-does-not-divide-dp", "fsdp", "export-hf"],
+)
+def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world, argv, fields):
+    base = ["--num-moe-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2"]
+    with pytest.raises(ConfigError, match=f"^{fields}: "):
+        resolve_configs(parse_train_args(base + argv), world)
