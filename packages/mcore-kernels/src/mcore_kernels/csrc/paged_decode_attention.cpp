@@ -75,70 +75,232 @@ void for_each_block(const T* blocks, const Index* row_table, int64_t num_blocks,
   }
 }
 
+// The cache layout and the sequence being computed.
+template <typename T, typename Index>
+struct Row {
+  const T* keys;  // key_blocks, values likewise: [num_blocks, block_size, g, d]
+  const T* values;
+  const Index* table;  // this sequence's block table row
+  int64_t num_blocks, block_size, token_stride;  // token_stride: one position of a block, g * d
+  int64_t first, last;  // the positions it sees
+};
+
+#if defined(__AVX512F__)
+constexpr int64_t kMaxPerGroup = 64;  // query heads per key head the register path takes
+
+// 16 elements as float32 lanes.
+template <typename T>
+inline __m512 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+// exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial
+// (relative error below 2e-7), times 2^n by scalef; arguments below -87.3 (where exp leaves
+// float32's normal range) count as -87.3.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Softmax numerators in place and their sum; a sink joins the maximum and the sum.
+inline float softmax_numerators(float* s, int64_t length, const float* sink) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m512 top16 = _mm512_set1_ps(sink ? *sink : neg_inf);
+  int64_t j = 0;
+  for (; j + 16 <= length; j += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(s + j));
+  float top = _mm512_reduce_max_ps(top16);
+  for (; j < length; ++j) top = std::max(top, s[j]);
+  const __m512 top_v = _mm512_set1_ps(top);
+  __m512 sum16 = _mm512_setzero_ps();
+  for (j = 0; j + 16 <= length; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), top_v));
+    _mm512_storeu_ps(s + j, e);
+    sum16 = _mm512_add_ps(sum16, e);
+  }
+  if (j < length) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (length - j)) - 1);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), top_v));
+    _mm512_mask_storeu_ps(s + j, tail, e);
+    sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(tail, e));
+  }
+  return _mm512_reduce_add_ps(sum16) + (sink ? std::exp(*sink - top) : 0.f);
+}
+
+// One sequence's heads of one key group (``row`` pointing at that group's keys and values), head
+// dim CHUNKS * 16, PER_GROUP heads sharing the keys.
+template <int CHUNKS, typename T, typename Index>
+void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group, float scale, const float* sink,
+                         float* scores, T* out) {
+  constexpr int64_t dim = CHUNKS * 16;
+  const int64_t first = row.first, last = row.last;
+  const int64_t length = last - first + 1;
+  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {  // scores: four heads' queries in registers at a time
+    const int64_t heads = std::min<int64_t>(4, per_group - h0);
+    __m512 qh[4][CHUNKS];
+    for (int64_t h = 0; h < heads; ++h)
+      for (int c = 0; c < CHUNKS; ++c) qh[h][c] = _mm512_mul_ps(load16(q + (h0 + h) * dim + c * 16), _mm512_set1_ps(scale));
+    for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, last,
+                   [&](const T* rows, int64_t p, int64_t count) {
+                     for (int64_t t = 0; t < count; ++t) {
+                       const T* k = rows + t * row.token_stride;
+                       __m512 kc[CHUNKS];
+                       for (int c = 0; c < CHUNKS; ++c) kc[c] = load16(k + c * 16);
+                       for (int64_t h = 0; h < heads; ++h) {
+                         __m512 sum = _mm512_mul_ps(qh[h][0], kc[0]);
+                         for (int c = 1; c < CHUNKS; ++c) sum = _mm512_fmadd_ps(qh[h][c], kc[c], sum);
+                         scores[(h0 + h) * length + p - first + t] = _mm512_reduce_add_ps(sum);
+                       }
+                     }
+                   });
+  }
+  float denominator[kMaxPerGroup];
+  for (int64_t h = 0; h < per_group; ++h) denominator[h] = softmax_numerators(scores + h * length, length, sink ? sink + h : nullptr);
+  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {  // values: four heads' accumulators in registers at a time
+    const int64_t heads = std::min<int64_t>(4, per_group - h0);
+    __m512 acc[4][CHUNKS];
+    for (int64_t h = 0; h < 4; ++h)
+      for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_setzero_ps();
+    for_each_block(row.values, row.table, row.num_blocks, row.block_size, row.token_stride, first, last,
+                   [&](const T* rows, int64_t p, int64_t count) {
+                     for (int64_t t = 0; t < count; ++t) {
+                       const T* v = rows + t * row.token_stride;
+                       __m512 vc[CHUNKS];
+                       for (int c = 0; c < CHUNKS; ++c) vc[c] = load16(v + c * 16);
+                       for (int64_t h = 0; h < heads; ++h) {
+                         const __m512 weight = _mm512_set1_ps(scores[(h0 + h) * length + p - first + t]);
+                         for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_fmadd_ps(weight, vc[c], acc[h][c]);
+                       }
+                     }
+                   });
+    for (int64_t h = 0; h < heads; ++h) {
+      const __m512 inverse = _mm512_set1_ps(1.f / denominator[h0 + h]);
+      alignas(64) float row[dim];
+      for (int c = 0; c < CHUNKS; ++c) _mm512_store_ps(row + c * 16, _mm512_mul_ps(acc[h][c], inverse));
+      T* o = out + (h0 + h) * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = static_cast<T>(row[i]);
+    }
+  }
+}
+#endif
+
+// Any head dim and instruction set: keys and values of a block converted to float32 at once.
+template <typename T, typename Index>
+void decode_row_generic(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
+                        float scale, const float* sink, std::vector<float>& scores, T* out) {
+  const int64_t length = row.last - row.first + 1;
+  std::vector<float> qf(heads * dim), acc(heads * dim, 0.f), floats(row.block_size * row.token_stride);
+  std::vector<float> denominator(heads);
+  to_floats(q, qf.data(), heads * dim);
+  for (float& x : qf) x *= scale;
+  for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, row.first, row.last,
+                 [&](const T* block_rows, int64_t p, int64_t count) {
+                   to_floats(block_rows, floats.data(), count * row.token_stride);
+                   for (int64_t h = 0; h < heads; ++h) {
+                     const float* k = floats.data() + (h / per_group) * dim;
+                     float* s = scores.data() + h * length + (p - row.first);
+                     for (int64_t t = 0; t < count; ++t) s[t] = dot(qf.data() + h * dim, k + t * row.token_stride, dim);
+                   }
+                 });
+  for (int64_t h = 0; h < heads; ++h) {  // softmax, a sink joining the denominator
+    float* s = scores.data() + h * length;
+    float top = sink ? sink[h] : -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);
+    for (int64_t j = 0; j < length; ++j) s[j] = std::exp(s[j] - top);
+    float sum = sink ? std::exp(sink[h] - top) : 0.f;
+    for (int64_t j = 0; j < length; ++j) sum += s[j];
+    denominator[h] = sum;
+  }
+  for_each_block(row.values, row.table, row.num_blocks, row.block_size, row.token_stride, row.first, row.last,
+                 [&](const T* block_rows, int64_t p, int64_t count) {
+                   to_floats(block_rows, floats.data(), count * row.token_stride);
+                   for (int64_t h = 0; h < heads; ++h) {
+                     const float* v = floats.data() + (h / per_group) * dim;
+                     const float* s = scores.data() + h * length + (p - row.first);
+                     for (int64_t t = 0; t < count; ++t) add_scaled(s[t], v + t * row.token_stride, acc.data() + h * dim, dim);
+                   }
+                 });
+  for (int64_t h = 0; h < heads; ++h) {
+    const float inverse = 1.f / denominator[h];
+    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = static_cast<T>(acc[h * dim + i] * inverse);
+  }
+}
+
+#if defined(__AVX512F__)
+// Head dims of 16 to 128 in steps of 16, with AVX-512: one key group's heads at a time, their
+// queries and accumulators held in registers.
+template <typename T, typename Index>
+bool decode_row_avx512(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
+                       float scale, const float* sink, std::vector<float>& scores, T* out) {
+  if (dim % 16 != 0 || dim > 128 || per_group > kMaxPerGroup) return false;
+  for (int64_t h = 0; h < heads; h += per_group) {
+    Row<T, Index> group = row;
+    group.keys += (h / per_group) * dim;
+    group.values += (h / per_group) * dim;
+    auto run = [&](auto chunks) {
+      decode_group_avx512<decltype(chunks)::value>(group, q + h * dim, per_group, scale, sink ? sink + h : nullptr,
+                                                   scores.data(), out + h * dim);
+    };
+    switch (dim / 16) {
+      case 1: run(std::integral_constant<int, 1>{}); break;
+      case 2: run(std::integral_constant<int, 2>{}); break;
+      case 3: run(std::integral_constant<int, 3>{}); break;
+      case 4: run(std::integral_constant<int, 4>{}); break;
+      case 5: run(std::integral_constant<int, 5>{}); break;
+      case 6: run(std::integral_constant<int, 6>{}); break;
+      case 7: run(std::integral_constant<int, 7>{}); break;
+      default: run(std::integral_constant<int, 8>{}); break;
+    }
+  }
+  return true;
+}
+#endif
+
 template <typename T, typename Index>
 void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Tensor& value_blocks,
             const at::Tensor& block_table, const at::Tensor& positions, double scale, int64_t window,
             const c10::optional<at::Tensor>& sinks, at::Tensor& output) {
   const int64_t batch = query.size(0), heads = query.size(1), dim = query.size(2);
-  const int64_t num_blocks = key_blocks.size(0), block_size = key_blocks.size(1);
   const int64_t per_group = heads / key_blocks.size(2);
-  const int64_t width = block_table.size(1);
-  const int64_t token_stride = key_blocks.size(2) * dim;  // one position of a block: [g, d]
+  const int64_t width = block_table.size(1), block_size = key_blocks.size(1);
   const T* q = query.data_ptr<T>();
-  const T* keys = key_blocks.data_ptr<T>();
-  const T* values = value_blocks.data_ptr<T>();
-  const Index* table = block_table.data_ptr<Index>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   const float* sink = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   T* out = output.data_ptr<T>();
-  const float fscale = static_cast<float>(scale);
-
+  Row<T, Index> shared{key_blocks.data_ptr<T>(), value_blocks.data_ptr<T>(), block_table.data_ptr<Index>(),
+                       key_blocks.size(0), block_size, key_blocks.size(2) * dim, 0, 0};
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(heads * dim), acc(heads * dim), rows(block_size * token_stride), scores;
-    std::vector<float> denominator(heads);
+    std::vector<float> scores;
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t last = pos[b];
-      TORCH_CHECK(last >= 0 && last < width * block_size, "paged_decode_attention: position ", last,
+      TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
                   " is outside the ", width, " blocks of its block table row");
-      const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
-      const int64_t length = last - first + 1;
-      const Index* row_table = table + b * width;
-      scores.resize(heads * length);
-      to_floats(q + b * heads * dim, qf.data(), heads * dim);
-      for (float& x : qf) x *= fscale;
-      for_each_block(keys, row_table, num_blocks, block_size, token_stride, first, last,
-                     [&](const T* block_rows, int64_t p, int64_t count) {
-                       to_floats(block_rows, rows.data(), count * token_stride);
-                       for (int64_t h = 0; h < heads; ++h) {
-                         const float* k = rows.data() + (h / per_group) * dim;
-                         float* s = scores.data() + h * length + (p - first);
-                         for (int64_t t = 0; t < count; ++t) s[t] = dot(qf.data() + h * dim, k + t * token_stride, dim);
-                       }
-                     });
-      for (int64_t h = 0; h < heads; ++h) {  // softmax, a sink joining the denominator
-        float* s = scores.data() + h * length;
-        float top = sink ? sink[h] : -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < length; ++j) top = std::max(top, s[j]);
-        for (int64_t j = 0; j < length; ++j) s[j] = std::exp(s[j] - top);
-        float sum = sink ? std::exp(sink[h] - top) : 0.f;
-        for (int64_t j = 0; j < length; ++j) sum += s[j];
-        denominator[h] = sum;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for_each_block(values, row_table, num_blocks, block_size, token_stride, first, last,
-                     [&](const T* block_rows, int64_t p, int64_t count) {
-                       to_floats(block_rows, rows.data(), count * token_stride);
-                       for (int64_t h = 0; h < heads; ++h) {
-                         const float* v = rows.data() + (h / per_group) * dim;
-                         const float* s = scores.data() + h * length + (p - first);
-                         for (int64_t t = 0; t < count; ++t) add_scaled(s[t], v + t * token_stride, acc.data() + h * dim, dim);
-                       }
-                     });
-      for (int64_t h = 0; h < heads; ++h) {
-        T* o = out + (b * heads + h) * dim;
-        const float inverse = 1.f / denominator[h];
-        for (int64_t i = 0; i < dim; ++i) o[i] = static_cast<T>(acc[h * dim + i] * inverse);
-      }
+      Row<T, Index> row = shared;
+      row.table += b * width;
+      row.last = pos[b];
+      row.first = window > 0 ? std::max<int64_t>(0, row.last - window + 1) : 0;
+      scores.resize(heads * (row.last - row.first + 1));
+      const T* row_q = q + b * heads * dim;
+      T* row_out = out + b * heads * dim;
+#if defined(__AVX512F__)
+      if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out)) continue;
+#endif
+      decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out);
     }
   });
 }
