@@ -27,6 +27,10 @@ cores mcore uses, ``VLLM_CPU_KVCACHE_SPACE=4``, the same scheduling limits as mc
 mcore's JSON fields also give its step count and host time per step: ``layout_ms_per_step``
 (laying a step out in the cache) and ``host_ms_per_step`` (all of a step's time outside the
 model's forward: scheduling, layout, sampling, bookkeeping); not with ``--cuda-graphs``.
+``mcore_decode_attention`` says which decode attention ran: ``native`` (mcore-kernels' C++ CPU
+kernel, built at first use) or ``reference`` (the PyTorch path). When it was the native kernel,
+the engine runs the workload a second time with the PyTorch path
+(``mcore_torch_attention_tokens_per_s``), so both variants are measured in the same run.
 
 TTFT is from a request's arrival (all arrive at once) to its first token; TPOT is (last token
 time - first token time) / (generated tokens - 1) per request, vLLM's definition. mcore's come
@@ -106,6 +110,7 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict
     import torch
     import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine, SamplingParams
+    from mcore_kernels import select_backend
     from mcore_models import import_hf_checkpoint
     from mcore_parallel import ProcessGroupCollection
 
@@ -142,6 +147,10 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict
         "ttft": [r.time_to_first_token for r in done],
         "tpot": tpot,
         "steps": steps,
+        # The decode attention the engine ran: mcore-kernels' C++ kernel, or the PyTorch path.
+        "decode_attention": select_backend(
+            "paged_decode_attention", torch.ones(1, device=device), kernels=("native",)
+        ),
         # Host time of a step: laying it out, and everything outside the model's forward
         # (scheduling, layout, sampling, bookkeeping). Graph replays do not go through the runner.
         "layout_ms_per_step": None if cuda_graphs else 1e3 * runner.layout_seconds / steps,
@@ -276,6 +285,7 @@ def main() -> None:
         raise SystemExit(f"vLLM python {vllm_python} does not exist; {SETUP_HINT}")
 
     import torch
+    from mcore_kernels import use_backend
 
     torch.set_num_threads(args.threads)
     results: dict[str, object] = {
@@ -297,6 +307,11 @@ def main() -> None:
         save_model(directory)
         mcore = run_mcore(directory, requests, args.device, args.cuda_graphs)
         results["mcore_tokens_per_s"] = mcore["tokens_per_s"]
+        results["mcore_decode_attention"] = mcore["decode_attention"]
+        if mcore["decode_attention"] == "native":  # the same engine with its PyTorch decode attention
+            with use_backend("reference"):
+                torch_path = run_mcore(directory, requests, args.device, args.cuda_graphs)
+            results["mcore_torch_attention_tokens_per_s"] = torch_path["tokens_per_s"]
         results.update({f"mcore_{k}": mcore[k] for k in ("steps", "layout_ms_per_step", "host_ms_per_step")})
         results["hf_tokens_per_s"] = run_hf(directory, requests, args.hf_batch_size, args.device)
         vllm = run_vllm(vllm_python, directory, count, args.threads) if vllm_python else None
@@ -336,6 +351,8 @@ def main() -> None:
             tpot = f"{results[f'{key}_tpot_median_ms']:.1f} / {results[f'{key}_tpot_p90_ms']:.1f}"
             line += f"{ttft:>20}{tpot:>20}"
         print(line)
+    if "mcore_torch_attention_tokens_per_s" in results:
+        print(f"{'  (PyTorch attention)':<22}{results['mcore_torch_attention_tokens_per_s']:>10.1f}")
     if results.get("vllm_skipped"):
         print(f"vLLM skipped: {results['vllm_skipped']}")
     print(json.dumps(results))
