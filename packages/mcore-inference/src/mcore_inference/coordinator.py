@@ -244,6 +244,9 @@ class InferenceCoordinator:
             self._error_to(identity, "version", message)
             return
         role = fields["role"]
+        if role == "engine" and self.state is ServingState.STOPPED:
+            self._error_to(identity, "stopped", "the engines were stopped; this coordinator takes no more")
+            return
         if role == "engine":
             if identity in self._engines:  # it restarted: what it had is gone
                 self._lose_engine(identity, "it connected again")

@@ -139,6 +139,8 @@ class EngineEndpoint:
         elif kind is MessageKind.ERROR:
             if fields["code"] == "not_connected":  # the coordinator restarted or thought us lost
                 self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="engine", name=self.name)
+            elif fields["code"] == "stopped":  # asked again at the next heartbeat's answer
+                pass
             else:
                 _logger.warning("coordinator: %s: %s", fields["code"], fields["message"])
         elif kind is MessageKind.SUBMIT:
