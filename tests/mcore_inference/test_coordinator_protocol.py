@@ -290,3 +290,24 @@ def test_the_client_works_across_event_loops_and_refuses_bad_prompts(coordinator
         assert result.status == "failed"
 
     run(bad())
+
+
+def _coordinator_on_rank_zero():
+    import torch.distributed as dist
+    from mcore_inference import broadcast_coordinator_address
+
+    coordinator = InferenceCoordinator() if dist.get_rank() == 0 else None
+    address = broadcast_coordinator_address(coordinator.start() if coordinator else None)
+    if dist.get_rank() == 1:  # a rank that needs the coordinator reaches it at the broadcast address
+        client = InferenceClient(address, timeout=TIMEOUT)
+        run(client.pause())
+        run(client.unpause())
+    dist.barrier()
+    if coordinator is not None:
+        coordinator.close()
+    return address
+
+
+def test_the_free_port_is_broadcast_to_the_ranks(run_distributed):
+    first, second = run_distributed(_coordinator_on_rank_zero, 2)
+    assert first == second and first.startswith("tcp://127.0.0.1:")
