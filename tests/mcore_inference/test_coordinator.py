@@ -74,7 +74,8 @@ def serve(engines):
 
 @pytest.fixture(scope="module")
 def expected():
-    """``expected(prompt, n)``: greedy tokens of the in-process engine over the same model."""
+    """``expected(prompt, n)``: greedy tokens of the in-process engine over the same model
+    (``expected.prime(prompts, n)`` computes many in one batch)."""
     import torch.distributed as dist
     from conftest import build_engine, build_model
     from mcore_parallel import ProcessGroupCollection
@@ -87,13 +88,16 @@ def expected():
     )
     cache = {}
 
-    def tokens(prompt, n):
-        key = (tuple(prompt), n)
-        if key not in cache:
-            (request,) = engine.generate([prompt], greedy(n))
-            cache[key] = request.generated_tokens
-        return cache[key]
+    def prime(prompts, n):  # one batched run for many prompts
+        todo = [p for p in prompts if (tuple(p), n) not in cache]
+        for prompt, request in zip(todo, engine.generate(todo, greedy(n)) if todo else [], strict=True):
+            cache[(tuple(prompt), n)] = request.generated_tokens
 
+    def tokens(prompt, n):
+        prime([prompt], n)
+        return cache[(tuple(prompt), n)]
+
+    tokens.prime = prime
     yield tokens
     if owned:
         dist.destroy_process_group()
@@ -122,6 +126,7 @@ def test_greedy_outputs_equal_the_in_process_engine(serve, expected, prompts_fac
         return results, streamed
 
     results, streamed = run(body())
+    expected.prime(prompts, 8)
     for prompt, result in zip(prompts, results, strict=True):
         assert result.status == "completed" and result.generated_tokens == expected(prompt, 8)
     for prompt, (tokens, result) in zip(prompts[:3], streamed, strict=True):
@@ -279,6 +284,7 @@ def test_an_engine_killed_mid_stream(serve, engines, expected):
         return streamed, whole, detected, after
 
     streamed, whole, detected, after = run(body())
+    expected.prime(prompts, 30)
     assert detected < 10
     lost = [result for _, result in streamed if result.status == "failed"]
     assert lost, "the slow engine served a stream"

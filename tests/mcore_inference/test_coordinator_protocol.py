@@ -311,3 +311,17 @@ def _coordinator_on_rank_zero():
 def test_the_free_port_is_broadcast_to_the_ranks(run_distributed):
     first, second = run_distributed(_coordinator_on_rank_zero, 2)
     assert first == second and first.startswith("tcp://127.0.0.1:")
+
+
+def test_a_client_without_a_coordinator_fails_in_time():
+    from mcore_inference import CoordinatorError
+    from mcore_parallel import find_free_port
+
+    client = InferenceClient(f"tcp://127.0.0.1:{find_free_port()}", timeout=0.3)
+
+    async def body():
+        for _ in range(2):  # and again: a failed handshake is not taken for a connection
+            with pytest.raises(CoordinatorError, match="no answer to CONNECT"):
+                await client.pause()
+
+    run(body())

@@ -94,28 +94,32 @@ class InferenceClient:
         self._pending: dict[int, asyncio.Queue] = {}
         self._waiter: asyncio.Future | None = None  # of the handshake or a control signal
         self._lock: asyncio.Lock | None = None
+        self._connected = False
 
     # ----------------------------------------------------------------- connection
     async def connect(self) -> None:
-        """Connect and handshake in the running loop (done by every call when needed)."""
+        """Connect and handshake in the running loop (done by every call when needed);
+        ``CoordinatorError`` if no coordinator answers within ``timeout``."""
         loop = asyncio.get_running_loop()
-        if (
-            self._loop is loop
-            and self._sock is not None
-            and self._reader is not None
-            and not self._reader.done()
-        ):
-            return
-        self._drop_socket()
-        self._loop, self._lock = loop, asyncio.Lock()
-        self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(self.address)
-        self._reader = loop.create_task(self._read())
+        if self._loop is not loop:  # first use, or a new loop: the old socket belongs to the old one
+            self._drop_socket()
+            self._loop, self._lock = loop, asyncio.Lock()
         async with self._lock:
-            await self._request_reply(
-                MessageKind.CONNECT, version=PROTOCOL_VERSION, role="client", name="client"
-            )
+            if self._connected and self._reader is not None and not self._reader.done():
+                return
+            self._drop_socket()
+            self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.connect(self.address)
+            self._reader = loop.create_task(self._read())
+            try:
+                await self._request_reply(
+                    MessageKind.CONNECT, version=PROTOCOL_VERSION, role="client", name="client"
+                )
+            except BaseException:
+                self._drop_socket()
+                raise
+            self._connected = True
 
     async def close(self) -> None:
         """Close the socket; unfinished requests of this client fail with ``CoordinatorError``."""
@@ -129,7 +133,8 @@ class InferenceClient:
             self._reader.cancel()
         if self._sock is not None:
             self._sock.close(linger=0)
-        self._sock = self._reader = self._loop = None
+        self._sock = self._reader = None
+        self._connected = False
 
     def _send(self, kind: MessageKind, **fields: Any) -> None:
         self._sock.send(encode(kind, **fields))  # a DEALER below its high-water mark sends at once

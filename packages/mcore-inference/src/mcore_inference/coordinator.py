@@ -422,6 +422,9 @@ class InferenceCoordinator:
             control = self._control
             if control is not None and _ACK_SIGNALS[kind] is control.signal:
                 control.waiting.discard(engine.identity)
+                if kind is MessageKind.STOP_ACK:  # it has shut down (its requests replied to)
+                    self._engines.pop(engine.identity, None)
+                    self.router.remove_engine(engine.identity)
                 self._maybe_ack()
         elif kind is MessageKind.ERROR:
             _logger.warning("engine %s: %s: %s", engine.name, fields["code"], fields["message"])

@@ -101,7 +101,10 @@ class EngineEndpoint:
                         self._receive(frame)
                 if not self._closed.is_set() and self.state is ServingState.RUNNING:
                     if self.engine.has_unfinished_requests():
-                        self.engine.step()
+                        try:
+                            self.engine.step()
+                        except Exception:  # the engine failed that step's requests; serve the rest
+                            _logger.exception("engine step raised; its requests failed, serving goes on")
                 now = time.monotonic()
                 if now - last_heartbeat >= self.heartbeat_interval:
                     self._send(MessageKind.HEARTBEAT, load=len(self._requests))
