@@ -123,6 +123,14 @@ def test_greedy_outputs_equal_the_in_process_engine(serve, expected, prompts_fac
             chunks = [chunk async for chunk in client.stream(prompt, greedy(8))]
             assert all(len(c.new_token_ids) == 1 for c in chunks[:-1]) and chunks[-1].finished
             streamed.append(([t for c in chunks for t in c.new_token_ids], chunks[-1].result))
+        # what the engine refuses fails alone, with the engine's message
+        refused = await asyncio.gather(
+            client.generate([1, 10**6], greedy(4)),
+            client.generate([1, 2], SamplingParams(temperature=-1.0)),
+        )
+        assert [r.status for r in refused] == ["failed", "failed"]
+        assert refused[0].error.startswith("InvalidRequestError: prompt")
+        assert refused[1].error.startswith("InvalidRequestError: temperature")
         return results, streamed
 
     results, streamed = run(body())

@@ -63,6 +63,13 @@ def test_malformed_frames_are_protocol_errors(frame, needle):
         decode(frame)
 
 
+def test_a_malformed_request_keeps_its_id():
+    frame = msgpack.packb([int(MessageKind.SUBMIT), {"request_id": 5, "prompt_tokens": [1], "stream": 1}])
+    with pytest.raises(ProtocolError) as error:
+        decode(frame)
+    assert error.value.request_id == 5
+
+
 def test_sampling_params_travel_explicitly():
     params = SamplingParams(temperature=0.5, top_k=3, seed=7, stop_token_ids=[1], stop_strings=["x"])
     assert sampling_params_from_dict(sampling_params_to_dict(params)) == params

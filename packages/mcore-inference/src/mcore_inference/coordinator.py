@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -103,6 +105,7 @@ class InferenceCoordinator:
         self.max_resubmissions = max_resubmissions
         self.state = ServingState.RUNNING
         self._engines: dict[bytes, _Engine] = {}
+        self._live: tuple[str, ...] = ()  # the engines' names, for other threads to read
         self._clients: set[bytes] = set()
         self._requests: dict[int, _Request] = {}
         self._by_client: dict[tuple[bytes, int], int] = {}
@@ -135,11 +138,14 @@ class InferenceCoordinator:
         return self.address
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop serving and close the socket; the engines keep running (they connect to the next
-        coordinator at this address). To end them too, a client sends ``shutdown``."""
+        """Stop serving and close the socket, returning once its port is free again; the engines
+        keep running (they connect to the next coordinator at this address). To end them too, a
+        client sends ``shutdown``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._socket is not None:
+                _wait_until_released(self.host, self.port, timeout)
 
     def __enter__(self) -> InferenceCoordinator:
         self.start()
@@ -151,7 +157,7 @@ class InferenceCoordinator:
     @property
     def engines(self) -> list[str]:
         """Names of the live engines."""
-        return [engine.name for engine in list(self._engines.values())]
+        return list(self._live)
 
     @property
     def running(self) -> bool:
@@ -161,9 +167,9 @@ class InferenceCoordinator:
     def wait_for_engines(self, count: int, timeout: float = 60.0) -> None:
         """Block until ``count`` engines are connected; ``TimeoutError`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while len(self._engines) < count:
+        while len(self._live) < count:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(self._engines)} of {count} engines connected after {timeout} s")
+                raise TimeoutError(f"{len(self._live)} of {count} engines connected after {timeout} s")
             time.sleep(0.02)
 
     # ----------------------------------------------------------------- the serving thread
@@ -220,7 +226,8 @@ class InferenceCoordinator:
             kind, fields = decode(frame)
         except ProtocolError as error:
             _logger.warning("malformed frame from %r: %s", identity, error)
-            self._error_to(identity, "malformed", str(error))
+            extra = {} if error.request_id is None else {"request_id": error.request_id}
+            self._error_to(identity, "malformed", str(error), **extra)
             return
         engine = self._engines.get(identity)
         if engine is not None:
@@ -252,6 +259,7 @@ class InferenceCoordinator:
                 self._lose_engine(identity, "it connected again")
             self._engines[identity] = _Engine(identity, fields["name"], time.monotonic())
             self.router.add_engine(identity)
+            self._live = tuple(e.name for e in self._engines.values())
             _logger.info("engine %s connected", fields["name"])
         elif role == "client":
             self._clients.add(identity)
@@ -425,6 +433,7 @@ class InferenceCoordinator:
                 if kind is MessageKind.STOP_ACK:  # it has shut down (its requests replied to)
                     self._engines.pop(engine.identity, None)
                     self.router.remove_engine(engine.identity)
+                    self._live = tuple(e.name for e in self._engines.values())
                 self._maybe_ack()
         elif kind is MessageKind.ERROR:
             _logger.warning("engine %s: %s: %s", engine.name, fields["code"], fields["message"])
@@ -440,6 +449,7 @@ class InferenceCoordinator:
     def _lose_engine(self, identity: bytes, why: str) -> None:
         engine = self._engines.pop(identity)
         self.router.remove_engine(identity)
+        self._live = tuple(e.name for e in self._engines.values())
         _logger.warning("engine %s lost (%s); %d requests in flight", engine.name, why, len(engine.in_flight))
         for request_id in sorted(engine.in_flight):
             request = self._requests[request_id]
@@ -469,6 +479,26 @@ class InferenceCoordinator:
         if self._control is not None:
             self._control.waiting.discard(identity)
             self._maybe_ack()
+
+
+def _wait_until_released(host: str, port: int, timeout: float) -> None:
+    """Wait until ``host:port`` can be bound again (ZMQ closes a listener in its I/O thread, after
+    ``close()`` returned)."""
+    deadline = time.monotonic() + timeout
+    host = "0.0.0.0" if host == "*" else host
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ binds
+            try:
+                probe.bind((host, port))
+                return
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE:  # not an IPv4 address we can probe: do not wait
+                    return
+                if time.monotonic() > deadline:
+                    _logger.warning("port %d of %s still bound %s s after close", port, host, timeout)
+                    return
+        time.sleep(0.01)
 
 
 def broadcast_coordinator_address(

@@ -62,7 +62,11 @@ class CoordinatorError(InferenceError):
 
 class ProtocolError(CoordinatorError):
     """A frame that is not a valid message of the coordinator protocol, or a peer speaking another
-    ``PROTOCOL_VERSION``."""
+    ``PROTOCOL_VERSION``; ``request_id`` is the message's, when it had a readable one."""
+
+    def __init__(self, message: str, request_id: int | None = None):
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class IllegalControlSignalError(CoordinatorError, ValueError):

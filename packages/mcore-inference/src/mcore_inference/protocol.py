@@ -112,7 +112,12 @@ def decode(frame: bytes) -> tuple[MessageKind, dict[str, Any]]:
         value = fields.get(name)
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             expected = " or ".join(t.__name__ for t in types)
-            raise ProtocolError(f"{kind.name}: field {name!r} must be {expected}, got {value!r:.50}")
+            request_id = fields.get("request_id")
+            readable = isinstance(request_id, int) and not isinstance(request_id, bool)
+            raise ProtocolError(
+                f"{kind.name}: field {name!r} must be {expected}, got {value!r:.50}",
+                request_id if readable else None,
+            )
     return kind, fields
 
 
