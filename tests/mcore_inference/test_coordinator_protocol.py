@@ -332,3 +332,22 @@ def test_a_client_without_a_coordinator_fails_in_time():
                 await client.pause()
 
     run(body())
+
+
+def test_a_failing_handler_answers_with_an_error_and_serving_goes_on(coordinator):
+    from mcore_inference import CoordinatorError
+
+    def broken(client, fields):
+        raise KeyError("a bug")
+
+    coordinator._submit = broken  # as if handling SUBMIT had a bug
+
+    async def body():
+        client = InferenceClient(coordinator.address, timeout=TIMEOUT)
+        with pytest.raises(CoordinatorError, match="internal: KeyError"):
+            await client.generate([1, 2])
+        await client.pause()  # still serving
+        await client.unpause()
+
+    run(body())
+    assert coordinator.running

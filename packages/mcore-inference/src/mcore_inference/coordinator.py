@@ -36,6 +36,7 @@ _SIGNALS = {
     MessageKind.STOP: "stop",
 }
 _ACK_SIGNALS = {ack: signal for signal, ack in CONTROL_ACKS.items()}
+_MAX_MESSAGES_PER_POLL = 1000
 
 
 @dataclass
@@ -195,7 +196,9 @@ class InferenceCoordinator:
         try:
             while not self._stop.is_set():
                 if poller.poll(timeout=min(50, int(self.heartbeat_timeout * 250))):
-                    while not self._stop.is_set():
+                    for _ in range(_MAX_MESSAGES_PER_POLL):  # then check liveness, however busy
+                        if self._stop.is_set():
+                            break
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
@@ -244,6 +247,11 @@ class InferenceCoordinator:
         except ProtocolError as error:
             _logger.warning("bad %s from %r: %s", kind.name, identity, error)
             self._error_to(identity, "malformed", str(error))
+        except Exception as error:  # a bug here must not end the serving thread
+            _logger.exception("handling %s from %r failed", kind.name, identity)
+            request_id = fields.get("request_id")
+            extra = {"request_id": request_id} if isinstance(request_id, int) else {}
+            self._error_to(identity, "internal", f"{type(error).__name__}: {error}", **extra)
 
     def _connect(self, identity: bytes, fields: dict[str, Any]) -> None:
         if fields["version"] != PROTOCOL_VERSION:

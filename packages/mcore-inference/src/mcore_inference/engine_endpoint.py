@@ -98,7 +98,10 @@ class EngineEndpoint:
                             frame = sock.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._receive(frame)
+                        try:
+                            self._receive(frame)
+                        except Exception:  # e.g. an engine that refuses: log it, keep serving
+                            _logger.exception("handling a message from the coordinator failed")
                 if not self._closed.is_set() and self.state is ServingState.RUNNING:
                     if self.engine.has_unfinished_requests():
                         try:
