@@ -245,7 +245,7 @@ def test_a_slow_engine_does_not_hold_back_the_others(serve, expected):
         finished = {}
 
         async def one(i):
-            result = await client.generate([9, 9, i], greedy(15))
+            result = await client.generate([9, 9, i], greedy(20))
             finished[result.engine] = time.monotonic()
             return result
 
@@ -253,9 +253,9 @@ def test_a_slow_engine_does_not_hold_back_the_others(serve, expected):
 
     results, finished = run(body())
     assert sorted(finished) == sorted(NAMES)
-    # the slow engine takes >= 1.5 s for its 15 tokens; the fast ones are done well before
-    assert max(finished["fast0"], finished["fast1"]) < finished[SLOW] - 0.7
-    assert all(r.generated_tokens == expected([9, 9, i], 15) for i, r in enumerate(results))
+    # the slow engine takes >= 2 s for its 20 tokens; the fast ones are done well before
+    assert max(finished["fast0"], finished["fast1"]) < finished[SLOW] - 0.5
+    assert all(r.generated_tokens == expected([9, 9, i], 20) for i, r in enumerate(results))
 
 
 def test_an_engine_killed_mid_stream(serve, engines, expected):

@@ -351,3 +351,26 @@ def test_a_failing_handler_answers_with_an_error_and_serving_goes_on(coordinator
 
     run(body())
     assert coordinator.running
+
+
+def test_requests_fail_when_the_coordinator_goes_silent():
+    from mcore_inference import CoordinatorError
+
+    coordinator = InferenceCoordinator()
+    coordinator.start()
+    client = InferenceClient(coordinator.address, timeout=0.6)
+
+    async def body():
+        waiting = asyncio.ensure_future(client.generate([1, 2]))  # no engine: it waits, answered
+        await asyncio.sleep(1.5)  # longer than timeout: heartbeats are answered meanwhile
+        assert not waiting.done()
+        coordinator.close()
+        started = time.monotonic()
+        with pytest.raises(CoordinatorError, match="no answer from"):
+            await waiting
+        assert time.monotonic() - started < 2.0
+
+    try:
+        run(body())
+    finally:
+        coordinator.close()

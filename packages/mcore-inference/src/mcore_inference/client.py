@@ -81,8 +81,11 @@ class InferenceClient:
     has acted (``IllegalControlSignalError`` if the serving state does not allow the signal,
     ``CoordinatorError`` if another signal is still being acknowledged); ``shutdown`` ends the
     coordinator and its engines. The client connects on first use, in each event loop it is used
-    from (so it works in one loop repeatedly, or across ``asyncio.run`` calls); ``timeout``
-    bounds the handshake and each control signal (seconds, ``CoordinatorError`` past it)."""
+    from (one at a time: it works in one loop repeatedly, or across ``asyncio.run`` calls).
+    ``timeout`` (seconds) bounds the handshake, each control signal, and silence: while requests
+    are unfinished the client heartbeats, and if nothing comes from the coordinator for
+    ``timeout`` they fail with ``CoordinatorError`` (a request may take longer; a dead
+    coordinator is not waited for)."""
 
     def __init__(self, address: str, *, timeout: float = 60.0):
         self.address = address
@@ -126,9 +129,7 @@ class InferenceClient:
         self._drop_socket()
 
     def _drop_socket(self) -> None:
-        for queue in self._pending.values():
-            queue.put_nowait(_Failure(CoordinatorError("the client was closed")))
-        self._pending.clear()
+        self._fail_pending(CoordinatorError("the client was closed"))
         if self._reader is not None and self._loop is not None and not self._loop.is_closed():
             self._reader.cancel()
         if self._sock is not None:
@@ -153,8 +154,21 @@ class InferenceClient:
             self._waiter = None
 
     async def _read(self) -> None:
+        loop, sock = asyncio.get_running_loop(), self._sock
+        interval = min(1.0, self.timeout / 4)
+        last_heard = loop.time()
         while True:
-            frame = await self._sock.recv()
+            try:
+                frame = await asyncio.wait_for(sock.recv(), interval)
+            except TimeoutError:
+                if not self._pending:
+                    last_heard = loop.time()  # nothing to wait for: silence is fine
+                elif loop.time() - last_heard > self.timeout:
+                    self._fail_pending(CoordinatorError(f"no answer from {self.address} in {self.timeout} s"))
+                else:  # the coordinator answers, so a live one is heard from even when idle
+                    self._send(MessageKind.HEARTBEAT, load=len(self._pending))
+                continue
+            last_heard = loop.time()
             try:
                 kind, fields = decode(frame)
             except ProtocolError as error:
@@ -166,8 +180,15 @@ class InferenceClient:
                     queue.put_nowait((kind, fields))
             elif kind is MessageKind.ERROR:
                 self._error(fields)
+            elif kind is MessageKind.HEARTBEAT:
+                pass
             elif self._waiter is not None and not self._waiter.done():  # CONNECT_ACK, *_ACK, SHUTDOWN
                 self._waiter.set_result(fields)
+
+    def _fail_pending(self, error: Exception) -> None:
+        for queue in self._pending.values():
+            queue.put_nowait(_Failure(error))
+        self._pending.clear()
 
     def _error(self, fields: dict[str, Any]) -> None:
         code, message = fields["code"], fields["message"]
@@ -185,9 +206,7 @@ class InferenceClient:
         if request_id is not None and request_id in self._pending:
             self._pending[request_id].put_nowait(_Failure(error))
         elif code == "not_connected":  # the coordinator restarted: what it had is gone
-            for queue in self._pending.values():
-                queue.put_nowait(_Failure(CoordinatorError("the coordinator restarted")))
-            self._pending.clear()
+            self._fail_pending(CoordinatorError("the coordinator restarted"))
             self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="client", name="client")
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(error)

@@ -287,7 +287,9 @@ class InferenceCoordinator:
             self._control_signal(client, kind)
         elif kind is MessageKind.SHUTDOWN:
             self._shutdown(client)
-        elif kind is not MessageKind.HEARTBEAT:
+        elif kind is MessageKind.HEARTBEAT:
+            self._send(client, MessageKind.HEARTBEAT, load=len(self._requests))
+        else:
             self._error_to(client, "unexpected", f"a client does not send {kind.name}")
 
     def _reply_failed(
