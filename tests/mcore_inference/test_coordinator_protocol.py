@@ -3,6 +3,7 @@ serving-state machine, the routing policies, and the coordinator against raw ZMQ
 frames, the handshake, acks from every engine, re-submission when an engine goes silent)."""
 
 import asyncio
+import threading
 import time
 
 import msgpack
@@ -374,3 +375,41 @@ def test_requests_fail_when_the_coordinator_goes_silent():
         run(body())
     finally:
         coordinator.close()
+
+
+class _IdleEngine:
+    """The members of ``DynamicInferenceEngine`` that ``EngineEndpoint`` uses, with no work."""
+
+    def has_unfinished_requests(self):
+        return False
+
+    def shutdown(self):
+        self.shut = True
+
+
+def test_an_engine_endpoint_gives_up_on_a_silent_coordinator():
+    from mcore_inference import EngineEndpoint
+    from mcore_parallel import find_free_port
+
+    endpoint = EngineEndpoint(
+        _IdleEngine(), f"tcp://127.0.0.1:{find_free_port()}", heartbeat_interval=0.05, coordinator_timeout=0.3
+    )
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="nothing from the coordinator"):
+        endpoint.run()
+    assert time.monotonic() - started < 2.0
+
+
+def test_an_engine_endpoint_stops_on_shutdown(coordinator):
+    from mcore_inference import EngineEndpoint
+
+    engine = _IdleEngine()
+    endpoint = EngineEndpoint(engine, coordinator.address, name="idle", heartbeat_interval=0.05)
+    thread = threading.Thread(target=endpoint.run, daemon=True)
+    thread.start()
+    coordinator.wait_for_engines(1, TIMEOUT)
+    assert coordinator.engines == ["idle"]
+    run(InferenceClient(coordinator.address, timeout=TIMEOUT).shutdown())
+    thread.join(TIMEOUT)
+    assert not thread.is_alive() and engine.shut and endpoint.shutdown_requested
+    assert not coordinator.running
