@@ -276,24 +276,25 @@ def test_an_engine_killed_mid_stream(serve, engines, expected):
         firsts = await asyncio.gather(*(outcomes[i] for i in streams))  # every stream has begun
         assert all(not chunk.finished for chunk in firsts)
         processes[SLOW].kill()
-        killed = time.monotonic()
+        killed, ended = time.monotonic(), {}
 
         async def rest(i, first):
             tokens = list(first.new_token_ids)
             async for chunk in streams[i]:
                 tokens += chunk.new_token_ids
                 result = chunk.result
+            ended[i] = time.monotonic() - killed
             return tokens, result
 
         streamed = await asyncio.gather(*(rest(i, first) for i, first in zip(streams, firsts, strict=True)))
         whole = await asyncio.gather(*(outcomes[i] for i in range(9) if i not in streams))
-        detected = time.monotonic() - killed
+        detected = max(ended[i] for i, (_, r) in zip(streams, streamed, strict=True) if r.status == "failed")
         after = await client.generate(prompts[0], greedy(30))  # service continues
         return streamed, whole, detected, after
 
     streamed, whole, detected, after = run(body())
     expected.prime(prompts, 30)
-    assert detected < 10
+    assert detected < 1.0 + 3.0  # heartbeat_timeout, and slack for a loaded machine
     lost = [result for _, result in streamed if result.status == "failed"]
     assert lost, "the slow engine served a stream"
     for i, (tokens, result) in zip(range(0, 9, 2), streamed, strict=True):

@@ -127,7 +127,10 @@ class EngineEndpoint:
 
     def _flush(self) -> None:
         for frame in self._outbox:
-            self._socket.send(frame)
+            try:
+                self._socket.send(frame, zmq.NOBLOCK)
+            except zmq.Again:  # no coordinator for long (its queue is full): drop, never block
+                _logger.warning("the coordinator at %s takes no messages; one dropped", self.address)
         self._outbox.clear()
 
     def _receive(self, frame: bytes) -> None:
