@@ -413,3 +413,27 @@ def test_an_engine_endpoint_stops_on_shutdown(coordinator):
     thread.join(TIMEOUT)
     assert not thread.is_alive() and engine.shut and endpoint.shutdown_requested
     assert not coordinator.running
+
+
+def test_a_client_learns_that_the_coordinator_restarted():
+    from mcore_inference import CoordinatorError
+
+    first = InferenceCoordinator()
+    first.start()
+    client = InferenceClient(first.address, timeout=TIMEOUT)
+
+    async def body():
+        waiting = asyncio.ensure_future(client.generate([1, 2]))  # no engine: it waits
+        await asyncio.sleep(0.2)
+        first.close()
+        second = InferenceCoordinator(port=first.port)  # knows nothing of this client
+        second.start()
+        try:
+            with pytest.raises(CoordinatorError, match="the coordinator restarted"):
+                await waiting
+            await client.pause()  # connected again
+            assert second.state is ServingState.PAUSED
+        finally:
+            second.close()
+
+    run(body())

@@ -207,6 +207,8 @@ class InferenceClient:
             self._pending[request_id].put_nowait(_Failure(error))
         elif code == "not_connected":  # the coordinator restarted: what it had is gone
             self._fail_pending(CoordinatorError("the coordinator restarted"))
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_exception(CoordinatorError("the coordinator restarted"))
             self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="client", name="client")
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(error)
@@ -271,8 +273,8 @@ class InferenceClient:
                     return
         finally:
             self._pending.pop(request_id, None)
-            if not finished and self._sock is not None:
-                self._send(MessageKind.ABORT, request_id=request_id)
+            if not finished:
+                self._abort_quietly(request_id)
 
     async def generate(
         self, prompt_tokens: Sequence[int], sampling_params: SamplingParams | None = None
@@ -289,8 +291,17 @@ class InferenceClient:
             return RequestResult.from_reply(item[1]["result"])
         finally:
             self._pending.pop(request_id, None)
-            if not finished and self._sock is not None:
-                self._send(MessageKind.ABORT, request_id=request_id)
+            if not finished:
+                self._abort_quietly(request_id)
+
+    def _abort_quietly(self, request_id: int) -> None:
+        """Abort a request that nobody waits for any more (best effort: the loop may be closing)."""
+        if self._sock is None or self._loop is None or self._loop.is_closed():
+            return
+        try:
+            self._send(MessageKind.ABORT, request_id=request_id)
+        except Exception as error:  # a closed socket or loop: the request ends with its engine
+            _logger.debug("could not abort request %d: %s", request_id, error)
 
     async def abort(self, request_id: int) -> bool:
         """Abort request ``request_id`` of this client: ``True`` if it was unfinished (its stream or
