@@ -25,6 +25,8 @@ from mcore_parallel import find_free_port
 sys.path.insert(0, str(Path(__file__).parent))
 import coordinator_engine
 
+pytestmark = pytest.mark.slow  # the engine processes take seconds to start (torch's import)
+
 TIMEOUT = 60
 SLOW = "slow"
 NAMES = ["fast0", "fast1", SLOW]
