@@ -17,9 +17,13 @@ def declared_distributions(distribution: str) -> tuple[set[str], set[str]]:
     return always, optional
 
 
+# Distributions not named like their import package.
+_DISTRIBUTION_OF_MODULE = {"zmq": "pyzmq"}
+
+
 def imported_distributions(package: object) -> set[str]:
     """Top-level non-stdlib modules imported anywhere in ``package``'s source, spelled as
-    distributions (every distribution involved is named like its import package, "-" for "_")."""
+    distributions (named like the import package, "-" for "_", but for ``_DISTRIBUTION_OF_MODULE``)."""
     root = Path(package.__file__).parent
     modules = set()
     for path in root.rglob("*.py"):
@@ -29,4 +33,4 @@ def imported_distributions(package: object) -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 modules.add(node.module.split(".")[0])
     modules -= set(sys.stdlib_module_names) | {package.__name__}
-    return {module.replace("_", "-") for module in modules}
+    return {_DISTRIBUTION_OF_MODULE.get(module, module.replace("_", "-")) for module in modules}

@@ -53,3 +53,32 @@ def is_transient(error: Exception) -> bool:
     return isinstance(error, (RuntimeError, OSError)) and not isinstance(
         error, (NotImplementedError, RecursionError)
     )
+
+
+class CoordinatorError(InferenceError):
+    """A request to the coordinator that it refused (busy with another control signal, shut
+    down, an unknown request) or that got no answer in time."""
+
+
+class ProtocolError(CoordinatorError):
+    """A frame that is not a valid message of the coordinator protocol, or a peer speaking another
+    ``PROTOCOL_VERSION``; ``request_id`` is the message's, when it had a readable one."""
+
+    def __init__(self, message: str, request_id: int | None = None):
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class IllegalControlSignalError(CoordinatorError, ValueError):
+    """A control signal that the serving state does not allow (e.g. ``suspend`` while running:
+    pause first); ``state`` and ``signal`` name both."""
+
+    def __init__(self, signal: str, state: str, message: str):
+        super().__init__(message)
+        self.signal = signal
+        self.state = state
+
+
+class EngineLostError(CoordinatorError):
+    """The engine serving a request stopped answering (its process died, or no heartbeat came in
+    time) after it had streamed part of the output, so the request could not be re-submitted."""

@@ -1,0 +1,217 @@
+"""An engine's side of the coordinator: a DEALER socket feeding a ``DynamicInferenceEngine``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket as _socket
+import threading
+import time
+from typing import Any, Protocol
+
+import zmq
+
+from .errors import InvalidRequestError, ProtocolError
+from .protocol import CONTROL_ACKS, PROTOCOL_VERSION, MessageKind, decode, encode, sampling_params_from_dict
+from .request import Request, RequestOutput
+from .serving_state import ServingState
+
+_logger = logging.getLogger(__name__)
+
+
+class ServedEngine(Protocol):
+    """What ``EngineEndpoint`` uses of ``DynamicInferenceEngine``."""
+
+    def add_request(self, prompt, sampling_params=None, *, on_output=None) -> Request: ...
+
+    def abort(self, request_id: int) -> bool: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[Request]: ...
+
+    def suspend(self) -> int: ...
+
+    def resume(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class EngineEndpoint:
+    """Connects ``engine`` (a ``DynamicInferenceEngine``) to the coordinator at ``address`` and
+    serves it from one thread: ``run()`` takes requests and control signals from the socket,
+    steps the engine while it is running and has work, sends a ``PARTIAL_REPLY`` per generated
+    token of a streamed request and one ``REPLY`` (the ``Request.to_dict()``) when a request
+    ends, and a heartbeat every ``heartbeat_interval`` seconds (keep it well below the
+    coordinator's ``heartbeat_timeout``, and a step well below both).
+
+    Control signals: ``pause`` stops stepping (requests are kept, new ones queue), ``unpause``
+    steps again, ``suspend`` frees the KV cache (``engine.suspend()``), ``resume`` reallocates it
+    (still paused), ``stop`` shuts the engine down (its unfinished requests fail) and ends
+    ``run()``; each is acknowledged once done. ``shutdown`` from the coordinator does the same
+    without an ack. If the coordinator at ``address`` restarts, the endpoint connects to the new
+    one (aborting what the old one had sent). ``coordinator_timeout`` (seconds, ``None`` = wait
+    forever) ends ``run()`` with ``TimeoutError`` when nothing comes from the coordinator for
+    that long. ``close()`` (any thread) ends ``run()`` too."""
+
+    def __init__(
+        self,
+        engine: ServedEngine,
+        address: str,
+        *,
+        name: str | None = None,
+        heartbeat_interval: float = 0.5,
+        coordinator_timeout: float | None = None,
+    ):
+        self.engine = engine
+        self.address = address
+        self.name = name if name is not None else f"{_socket.gethostname()}:{os.getpid()}"
+        self.heartbeat_interval = heartbeat_interval
+        self.coordinator_timeout = coordinator_timeout
+        self.state = ServingState.RUNNING
+        self.shutdown_requested = False  # ended by a coordinator's SHUTDOWN (not STOP or close)
+        self._requests: dict[int, Request] = {}  # coordinator request id -> engine request
+        self._outbox: list[bytes] = []
+        self._closed = threading.Event()
+        self._epoch = 0  # handshakes so far: outputs of an earlier coordinator's requests are dropped
+
+    def close(self) -> None:
+        """Make ``run()`` return (within a step and a poll)."""
+        self._closed.set()
+
+    def run(self) -> None:
+        """Serve until ``stop``, ``shutdown`` or ``close()``."""
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)  # let the last replies and acks go out
+        sock.connect(self.address)
+        self._socket = sock
+        last_heartbeat = last_heard = time.monotonic()
+        try:
+            self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="engine", name=self.name)
+            self._flush()
+            while not self._closed.is_set():
+                busy = self.state is ServingState.RUNNING and self.engine.has_unfinished_requests()
+                if sock.poll(0 if busy else 10):
+                    last_heard = time.monotonic()
+                    while not self._closed.is_set():
+                        try:
+                            frame = sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            self._receive(frame)
+                        except Exception:  # e.g. an engine that refuses: log it, keep serving
+                            _logger.exception("handling a message from the coordinator failed")
+                if not self._closed.is_set() and self.state is ServingState.RUNNING:
+                    if self.engine.has_unfinished_requests():
+                        try:
+                            self.engine.step()
+                        except Exception:  # the engine failed that step's requests; serve the rest
+                            _logger.exception("engine step raised; its requests failed, serving goes on")
+                now = time.monotonic()
+                if now - last_heartbeat >= self.heartbeat_interval:
+                    self._send(MessageKind.HEARTBEAT, load=len(self._requests))
+                    last_heartbeat = now
+                self._flush()
+                if self.coordinator_timeout is not None and now - last_heard > self.coordinator_timeout:
+                    raise TimeoutError(
+                        f"nothing from the coordinator at {self.address} for {self.coordinator_timeout} s"
+                    )
+        finally:
+            self._flush()
+            sock.close()
+
+    # ----------------------------------------------------------------- messages
+    def _send(self, kind: MessageKind, **fields: Any) -> None:
+        self._outbox.append(encode(kind, **fields))
+
+    def _flush(self) -> None:
+        for frame in self._outbox:
+            try:
+                self._socket.send(frame, zmq.NOBLOCK)
+            except zmq.Again:  # no coordinator for long (its queue is full): drop, never block
+                _logger.warning("the coordinator at %s takes no messages; one dropped", self.address)
+        self._outbox.clear()
+
+    def _receive(self, frame: bytes) -> None:
+        try:
+            kind, fields = decode(frame)
+        except ProtocolError as error:
+            _logger.warning("malformed frame from the coordinator: %s", error)
+            return
+        if kind is MessageKind.CONNECT_ACK:
+            self._epoch += 1
+            for request in list(self._requests.values()):  # a new coordinator knows none of them
+                self.engine.abort(request.request_id)
+            self._requests.clear()
+            self._enter(ServingState(fields["state"]))
+        elif kind is MessageKind.ERROR:
+            if fields["code"] == "not_connected":  # the coordinator restarted or thought us lost
+                self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="engine", name=self.name)
+            elif fields["code"] == "stopped":  # asked again at the next heartbeat's answer
+                pass
+            else:
+                _logger.warning("coordinator: %s: %s", fields["code"], fields["message"])
+        elif kind is MessageKind.SUBMIT:
+            self._submit(fields)
+        elif kind is MessageKind.ABORT:
+            request = self._requests.get(fields["request_id"])
+            if request is not None:
+                self.engine.abort(request.request_id)
+        elif kind in CONTROL_ACKS:
+            target = {
+                MessageKind.PAUSE: ServingState.PAUSED,
+                MessageKind.UNPAUSE: ServingState.RUNNING,
+                MessageKind.SUSPEND: ServingState.SUSPENDED,
+                MessageKind.RESUME: ServingState.PAUSED,
+                MessageKind.STOP: ServingState.STOPPED,
+            }[kind]
+            self._enter(target)
+            self._send(CONTROL_ACKS[kind], state=self.state.value)
+        elif kind is MessageKind.SHUTDOWN:
+            self.shutdown_requested = True
+            self._enter(ServingState.STOPPED)
+
+    def _enter(self, state: ServingState) -> None:
+        """Act on the coordinator's serving state."""
+        if state is ServingState.SUSPENDED:
+            self.engine.suspend()
+        elif self.state is ServingState.SUSPENDED:
+            self.engine.resume()
+        if state is ServingState.STOPPED:
+            self.engine.shutdown()  # fails the unfinished requests: their replies go out
+            self._closed.set()
+        self.state = state
+
+    def _submit(self, fields: dict[str, Any]) -> None:
+        request_id = fields["request_id"]
+        stream, epoch = fields["stream"], self._epoch
+
+        def on_output(output: RequestOutput) -> None:
+            if epoch != self._epoch:
+                return
+            if output.finished:
+                self._requests.pop(request_id, None)
+                result = output.request.to_dict()
+                result["request_id"] = request_id
+                self._send(MessageKind.REPLY, request_id=request_id, result=result)
+            elif stream and output.new_token_ids:
+                self._send(
+                    MessageKind.PARTIAL_REPLY, request_id=request_id, new_token_ids=output.new_token_ids
+                )
+
+        try:
+            params = sampling_params_from_dict(fields["sampling_params"])
+        except (InvalidRequestError, TypeError) as error:
+            result = {
+                "request_id": request_id,
+                "status": "failed",
+                "generated_tokens": [],
+                "finish_reason": "error",
+            }
+            result["error"] = f"InvalidRequestError: {error}"
+            self._send(MessageKind.REPLY, request_id=request_id, result=result)
+            return
+        request = self.engine.add_request(fields["prompt_tokens"], params, on_output=on_output)
+        if not request.finished:
+            self._requests[request_id] = request
