@@ -288,6 +288,12 @@ class TransformerConfig(ModelParallelConfig):
     def _check_moe(self) -> None:
         experts = self.num_moe_experts
         if experts is None:
+            moe_only = [f for f in ("moe_router_linear_bias", "moe_weighted_activation") if getattr(self, f)]
+            if moe_only:
+                raise ConfigError(
+                    [*moe_only, "num_moe_experts"],
+                    f"{', '.join(moe_only)} apply to MoE layers; set num_moe_experts or turn them off",
+                )
             return
         if self.moe_ffn_hidden_size is None:
             self.moe_ffn_hidden_size = self.ffn_hidden_size
