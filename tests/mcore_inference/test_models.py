@@ -1,5 +1,5 @@
-"""The engine on tensor-parallel ranks and on Hugging Face Llama / Qwen2 / Mixtral / Qwen2-MoE
-checkpoints imported with mcore-models: greedy outputs equal the full-recompute oracle and HF
+"""The engine on tensor-parallel ranks and on Hugging Face Llama / Qwen2 / Mixtral / Qwen2-MoE /
+GPT-OSS checkpoints imported with mcore-models: greedy outputs equal the full-recompute oracle and HF
 ``generate``."""
 
 import pytest
@@ -31,7 +31,7 @@ def test_tensor_parallel_two_ranks_matches_oracle(
     assert sampled0 == sampled1  # ranks agree on sampled tokens even with different seeds
 
 
-# Mixtral and Qwen2-MoE: MoE layers (top-2 routing, Qwen2-MoE's gated shared expert) in the engine.
+# Mixtral, Qwen2-MoE and GPT-OSS: MoE layers (top-2 routing, Qwen2-MoE's gated shared expert) in the engine.
 _MOE = {
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen2_moe": {
@@ -40,12 +40,28 @@ _MOE = {
         "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 48,
     },
+    # GPT-OSS: sinks, sliding (window 4, shorter than the prompts) and full layers, YaRN, biased
+    # router and experts with the clamped SwiGLU.
+    "gpt_oss": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "head_dim": 16,
+        "sliding_window": 4,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "truncate": False,
+        },
+    },
 }
 _FAMILIES = {
     "llama": "Llama",
     "qwen2": "Qwen2",
     "mixtral": "Mixtral",
     "qwen2_moe": "Qwen2Moe",
+    "gpt_oss": "GptOss",
 }
 
 
@@ -65,6 +81,8 @@ def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, promp
     name = _FAMILIES[family]
     config = getattr(transformers, f"{name}Config")(**common, **_MOE.get(family, {}))
     hf_model = getattr(transformers, f"{name}ForCausalLM")(config)
+    if family == "gpt_oss":
+        _redraw_gpt_oss_features(hf_model)
     hf_model.save_pretrained(tmp_path)
     model = import_hf_checkpoint(tmp_path, pg_collection=groups)
     prompts = prompts_factory(3, 3, 15, seed=41)
@@ -72,3 +90,17 @@ def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, promp
     for prompt, request in zip(prompts, requests, strict=True):
         expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
         assert request.generated_tokens == oracle(model, prompt, 6) == expected[0, len(prompt) :].tolist()
+
+
+def _redraw_gpt_oss_features(hf_model):
+    """Sinks, router bias and expert projections large enough to matter (the init makes the sinks
+    and biases tiny and never reaches the clamp of the SwiGLU)."""
+    with torch.no_grad():
+        for layer in hf_model.model.layers:
+            for param, std in (
+                (layer.self_attn.sinks, 1.0),
+                (layer.mlp.router.bias, 1.0),
+                (layer.mlp.experts.gate_up_proj, 1.0),
+                (layer.mlp.experts.gate_up_proj_bias, 0.5),
+            ):
+                param.normal_(0.0, std)

@@ -74,7 +74,9 @@ def _ep_body(dispatcher, via_all_gather, grouped, skewed, extra=None):
 
     seen = []
     run_experts = layer.experts.forward
-    layer.experts.forward = lambda rows, counts: seen.append(sum(counts)) or run_experts(rows, counts)
+    layer.experts.forward = lambda rows, counts, *probs: (
+        seen.append(sum(counts)) or run_experts(rows, counts, *probs)
+    )
     x, grad = _inputs(rank, skewed)
     out = layer(x)
     out.backward(grad)
@@ -183,3 +185,12 @@ def test_expert_parallel_with_capacity_drops_and_padding(dispatcher, run_distrib
     rows = run_distributed(_ep_body, 2, dispatcher, False, True, False, CAPACITY, timeout=60)
     # Every expert's input is padded to 2 ranks x capacity 3 = 6 rows, then to a multiple of 4: 8.
     assert rows == [4 * 8, 4 * 8]
+
+
+@pytest.mark.parametrize(
+    ("dispatcher", "via_all_gather"), [("alltoall", False), ("alltoall", True), ("allgather", False)]
+)
+def test_expert_parallel_with_weighted_activation(dispatcher, via_all_gather, run_distributed):
+    """The routing probabilities travel with the rows to the experts' ranks (with padding rows)."""
+    extra = {"moe_weighted_activation": True, "moe_router_padding_for_alignment": 4}
+    run_distributed(_ep_body, 2, dispatcher, via_all_gather, False, False, extra, timeout=60)

@@ -17,8 +17,10 @@ def test_moe_defaults_and_cli():
             *("--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2"),
             *("--num-moe-experts", "4", "--moe-router-topk", "1", "--moe-router-score-function", "sigmoid"),
             "--moe-grouped-gemm",
+            *("--moe-router-linear-bias", "--moe-weighted-activation"),
         ],
     )
+    assert parsed.moe_router_linear_bias and parsed.moe_weighted_activation
     assert (parsed.num_moe_experts, parsed.moe_router_topk, parsed.moe_router_score_function) == (
         4,
         1,
@@ -62,6 +64,16 @@ def test_moe_defaults_and_cli():
         ({"moe_router_padding_for_alignment": 0}, "moe_router_padding_for_alignment", ">= 1"),
         ({"num_moe_experts": 0}, "num_moe_experts", ">= 1"),
         ({"transformer_impl": "transformer_engine"}, "num_moe_experts, transformer_impl", "local"),
+        (
+            {"num_moe_experts": None, "moe_weighted_activation": True},
+            "moe_weighted_activation, num_moe_experts",
+            "MoE layers",
+        ),
+        (
+            {"num_moe_experts": None, "moe_router_linear_bias": True},
+            "moe_router_linear_bias, num_moe_experts",
+            "MoE layers",
+        ),
     ],
 )
 def test_bad_moe_values_name_their_fields(overrides, fields, says):

@@ -37,6 +37,19 @@ def test_softmax_post_and_pre_top_k():
     torch.testing.assert_close(out.probs, torch.softmax(LOGITS, -1).gather(1, out.indices))
 
 
+def test_linear_bias_moves_the_choice_and_the_probabilities():
+    """GPT-OSS's router: logits = x W^T + b, top-k of them, softmax over the k."""
+    router, hidden = _router(LOGITS, moe_router_linear_bias=True)
+    assert router.bias is not None and router.bias.abs().sum() == 0  # zeros at init
+    bias = torch.tensor([0.0, -2.5, 0.0, 1.5])
+    with torch.no_grad():
+        router.bias.copy_(bias)
+    out = router(hidden)
+    assert out.indices.tolist() == [[2, 3], [3, 2], [3, 2]]  # token 0: 3 - 2.5 < 0 + 1.5, expert 3 enters
+    torch.testing.assert_close(out.probs, torch.softmax((LOGITS + bias).gather(1, out.indices), dim=-1))
+    assert TopKRouter(moe_config()).bias is None
+
+
 def test_sigmoid_scores_are_normalized_over_the_top_k():
     router, hidden = _router(LOGITS, moe_router_score_function="sigmoid")
     out = router(hidden)

@@ -150,6 +150,11 @@ class TransformerConfig(ModelParallelConfig):
     moe_router_group_topk: int | None = config_field(
         None, minimum=1, help="Group-limited routing: tokens pick experts only from this many best groups."
     )
+    moe_router_linear_bias: bool = config_field(
+        False,
+        help="A learned per-expert bias on the router logits, x W^T + b (GPT-OSS): it moves both the "
+        "top-k choice and the probabilities.",
+    )
     moe_router_enable_expert_bias: bool = config_field(
         False,
         help="Aux-loss-free balancing: a per-expert bias added to the scores for the top-k choice only, "
@@ -200,6 +205,12 @@ class TransformerConfig(ModelParallelConfig):
     )
     moe_shared_expert_gate: bool = config_field(
         False, help="Scale the shared expert's output by sigmoid(x . w) (Qwen2-MoE)."
+    )
+    moe_weighted_activation: bool = config_field(
+        False,
+        help="Multiply each routed row by its router probability inside the experts' activation, "
+        "act(x) * p before fc2 (weighted SwiGLU, squared ReLU, quick-GeGLU, ...), instead of scaling "
+        "the expert's output; the same unless fc2 has a bias.",
     )
     moe_grouped_gemm: bool = config_field(
         False, help="Run the local experts as one batched matmul instead of a loop of MLPs."
@@ -277,6 +288,12 @@ class TransformerConfig(ModelParallelConfig):
     def _check_moe(self) -> None:
         experts = self.num_moe_experts
         if experts is None:
+            moe_only = [f for f in ("moe_router_linear_bias", "moe_weighted_activation") if getattr(self, f)]
+            if moe_only:
+                raise ConfigError(
+                    [*moe_only, "num_moe_experts"],
+                    f"{', '.join(moe_only)} apply to MoE layers; set num_moe_experts or turn them off",
+                )
             return
         if self.moe_ffn_hidden_size is None:
             self.moe_ffn_hidden_size = self.ffn_hidden_size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .gpt2 import GPT2Mapping
+from .gpt_oss import GptOssMapping
 from .llama import LlamaMapping
 from .mapping import HFMapping
 from .mistral import MistralMapping
@@ -22,6 +23,7 @@ HF_MAPPINGS: dict[str, type[HFMapping]] = {
         MixtralMapping,
         Qwen2MoeMapping,
         Qwen3MoeMapping,
+        GptOssMapping,
     )
 }
 

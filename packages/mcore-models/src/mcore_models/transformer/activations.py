@@ -81,3 +81,23 @@ def activation_function(config: TransformerConfig) -> Callable[[torch.Tensor], t
         return gate_fn(gate) * up
 
     return gated
+
+
+def weighted_activation_function(
+    config: TransformerConfig,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The activation of ``activation_function(config)`` weighted per row: ``f(x, probs)`` is
+    ``act(x) * probs[..., None]`` for ``probs`` of shape ``x.shape[:-1]`` (a routed row's router
+    probability), so the probability is applied inside the expert, before fc2: weighted SwiGLU,
+    weighted squared ReLU, weighted quick-GeGLU (GPT-OSS's clamped one included) and so on. Without
+    an fc2 bias, ``fc2(act(x) * p) == fc2(act(x)) * p``: the same as weighting the expert's output."""
+    act = activation_function(config)
+
+    def weighted(x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        if probs.shape != x.shape[:-1]:
+            raise ValueError(
+                f"probs must have shape {tuple(x.shape[:-1])} (one per row), got {tuple(probs.shape)}"
+            )
+        return act(x) * probs.to(x.dtype).unsqueeze(-1)
+
+    return weighted

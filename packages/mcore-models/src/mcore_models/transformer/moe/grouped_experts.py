@@ -6,7 +6,7 @@ import torch
 from mcore_api import experimental_api
 
 from ...config.transformer_config import TransformerConfig
-from ..activations import activation_function
+from ..activations import activation_function, weighted_activation_function
 from ..init import init_method, output_init_method
 
 
@@ -16,7 +16,8 @@ class GroupedExperts(torch.nn.Module):
     ``[E_local, width, h]`` and ``weight2`` ``[E_local, h, ffn]`` (expert ``e``'s slice is
     ``SequentialExperts.local_experts[e].linear_fc{1,2}.weight``), biases ``bias1``/``bias2``
     likewise. ``forward`` scatters the rows into a zero-padded ``[E_local, max_rows, h]`` batch,
-    runs ``torch.bmm`` and gathers the real rows back: no Python loop over experts."""
+    runs ``torch.bmm`` and gathers the real rows back: no Python loop over experts. With
+    ``probs [rows]`` the activation is weighted per row, as in ``SequentialExperts``."""
 
     def __init__(self, config: TransformerConfig, *, num_local_experts: int):
         super().__init__()
@@ -34,8 +35,11 @@ class GroupedExperts(torch.nn.Module):
         else:
             self.bias1 = self.bias2 = None
         self.activation = activation_function(config)
+        self.weighted_activation = weighted_activation_function(config)
 
-    def forward(self, rows: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
+    def forward(
+        self, rows: torch.Tensor, tokens_per_expert: list[int], probs: torch.Tensor | None = None
+    ) -> torch.Tensor:
         experts, device = self.num_local_experts, rows.device
         counts = torch.tensor(tokens_per_expert, device=device)
         longest = max(tokens_per_expert, default=0)
@@ -46,7 +50,12 @@ class GroupedExperts(torch.nn.Module):
         x = torch.bmm(batch.view(experts, longest, -1), self.weight1.transpose(1, 2))
         if self.bias1 is not None:
             x = x + self.bias1
-        x = torch.bmm(self.activation(x), self.weight2.transpose(1, 2))
+        if probs is None:
+            x = self.activation(x)
+        else:
+            batch_probs = probs.new_zeros(experts * longest).index_copy(0, slot, probs)
+            x = self.weighted_activation(x, batch_probs.view(experts, longest))
+        x = torch.bmm(x, self.weight2.transpose(1, 2))
         if self.bias2 is not None:
             x = x + self.bias2
         return x.reshape(experts * longest, -1).index_select(0, slot)

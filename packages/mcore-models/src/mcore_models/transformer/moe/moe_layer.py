@@ -80,7 +80,9 @@ class MoELayer(torch.nn.Module):
     group ``ep_group`` (default: the global one of ``initialize_model_parallel``, or none on a
     single process), this rank's ``num_moe_experts / ep_size`` experts run, and the weighted
     outputs come back; the shared expert's output is added. The router's aux loss rides on the
-    output: its gradient joins any ``backward`` through this layer.
+    output: its gradient joins any ``backward`` through this layer. With
+    ``config.moe_weighted_activation`` each row's probability travels with it and the experts apply
+    it inside their activation (``experts(rows, tokens_per_expert, probs)``), not to their output.
     """
 
     def __init__(
@@ -126,8 +128,13 @@ class MoELayer(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         routing = self.router(hidden_states)
         tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
-        rows, tokens_per_expert = self.dispatcher.dispatch(tokens, routing)
-        output = self.dispatcher.combine(self.experts(rows, tokens_per_expert)).view_as(hidden_states)
+        if self.config.moe_weighted_activation:
+            rows, probs, tokens_per_expert = self.dispatcher.dispatch_weighted(tokens, routing)
+            expert_output = self.experts(rows, tokens_per_expert, probs)
+        else:
+            rows, tokens_per_expert = self.dispatcher.dispatch(tokens, routing)
+            expert_output = self.experts(rows, tokens_per_expert)
+        output = self.dispatcher.combine(expert_output).view_as(hidden_states)
         if self.shared_experts is not None:
             output = output + self.shared_experts(hidden_states)
         if routing.aux_loss is not None:

@@ -68,8 +68,19 @@ def permute(hidden: torch.Tensor, plan: ExpertRows) -> torch.Tensor:
     return out.index_copy(0, plan.row, hidden.index_select(0, plan.token))
 
 
-def unpermute(rows: torch.Tensor, plan: ExpertRows, probs: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """``[num_tokens, h]``: each token's sum of its assignments' rows weighted by ``probs [T, k]``."""
-    weights = probs.flatten().index_select(0, plan.assignment).unsqueeze(-1)
-    weighted = rows.index_select(0, plan.row) * weights.to(rows.dtype)
+def permute_probs(probs: torch.Tensor, plan: ExpertRows) -> torch.Tensor:
+    """``[num_rows]``: each assignment's probability from ``probs [T, k]`` in its row, zeros in padding."""
+    out = probs.new_zeros(plan.num_rows)
+    return out.index_copy(0, plan.row, probs.flatten().index_select(0, plan.assignment))
+
+
+def unpermute(
+    rows: torch.Tensor, plan: ExpertRows, probs: torch.Tensor | None, num_tokens: int
+) -> torch.Tensor:
+    """``[num_tokens, h]``: each token's sum of its assignments' rows weighted by ``probs [T, k]``
+    (unweighted with ``None``: the experts applied the probabilities already)."""
+    weighted = rows.index_select(0, plan.row)
+    if probs is not None:
+        weights = probs.flatten().index_select(0, plan.assignment).unsqueeze(-1)
+        weighted = weighted * weights.to(rows.dtype)
     return rows.new_zeros(num_tokens, rows.shape[-1]).index_add(0, plan.token, weighted)

@@ -39,6 +39,8 @@ class TopKRouter(torch.nn.Module):
     ``moe_router_*`` fields of ``TransformerConfig``.
 
     Scores are computed in float32; the returned probabilities have the input's dtype. With
+    ``moe_router_linear_bias`` a learned ``bias [num_moe_experts]`` (zeros at init) is added to the
+    logits. With
     ``moe_router_enable_expert_bias`` a float32 buffer ``expert_bias`` shifts the top-k choice only
     (not the weights), and training forwards count tokens per expert for ``update_expert_bias``.
     ``last_losses`` holds the detached losses (scalar tensors) of the latest training forward, for
@@ -57,6 +59,11 @@ class TopKRouter(torch.nn.Module):
             torch.empty(self.num_experts, config.hidden_size, dtype=config.params_dtype)
         )
         init_method(config)(self.weight)
+        self.bias = (
+            torch.nn.Parameter(torch.zeros(self.num_experts, dtype=config.params_dtype))
+            if config.moe_router_linear_bias
+            else None
+        )
         if config.moe_router_enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(self.num_experts, dtype=torch.float32))
             self.register_buffer(
@@ -161,7 +168,8 @@ class TopKRouter(torch.nn.Module):
         """Route ``[s, b, h]`` hidden states; see ``RouterOutput``."""
         batch = hidden_states.shape[1] if hidden_states.dim() == 3 else 1
         hidden = self._jitter(hidden_states.reshape(-1, hidden_states.shape[-1]))
-        logits = F.linear(hidden, self.weight.to(hidden.dtype)).float()
+        bias = None if self.bias is None else self.bias.to(hidden.dtype)
+        logits = F.linear(hidden, self.weight.to(hidden.dtype), bias).float()
         probs, indices, scores = self._select(logits)
         aux_loss = self._aux_loss(logits, scores, indices, batch)
         keep = None

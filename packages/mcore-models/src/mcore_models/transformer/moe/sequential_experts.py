@@ -6,13 +6,14 @@ import torch
 from mcore_api import experimental_api
 
 from ...config.transformer_config import TransformerConfig
-from ..activations import activation_function
+from ..activations import activation_function, weighted_activation_function
 from ..init import init_method, output_init_method
 
 
 class ExpertMLP(torch.nn.Module):
     """One expert: ``fc2(act(fc1(x)))`` with plain (unsharded) weights; for gated activations
-    fc1's rows are ``[gate; up]``."""
+    fc1's rows are ``[gate; up]``. Given per-row ``probs``, ``fc2(act(fc1(x)) * probs)`` (the
+    weighted activation)."""
 
     def __init__(self, config: TransformerConfig, ffn_hidden_size: int):
         super().__init__()
@@ -26,16 +27,20 @@ class ExpertMLP(torch.nn.Module):
             if linear.bias is not None:
                 torch.nn.init.zeros_(linear.bias)
         self.activation = activation_function(config)
+        self.weighted_activation = weighted_activation_function(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(self.activation(self.linear_fc1(x)))
+    def forward(self, x: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.linear_fc1(x)
+        hidden = self.activation(hidden) if probs is None else self.weighted_activation(hidden, probs)
+        return self.linear_fc2(hidden)
 
 
 @experimental_api
 class SequentialExperts(torch.nn.Module):
     """``num_local_experts`` ``ExpertMLP``s of width ``config.moe_ffn_hidden_size``; ``forward``
     takes rows grouped by expert (``tokens_per_expert`` rows each) and runs each group through its
-    expert in turn."""
+    expert in turn. With ``probs [rows]`` (each row's router probability) the experts apply
+    the weighted activation (see ``MoELayer`` and ``config.moe_weighted_activation``)."""
 
     def __init__(self, config: TransformerConfig, *, num_local_experts: int):
         super().__init__()
@@ -43,9 +48,17 @@ class SequentialExperts(torch.nn.Module):
             ExpertMLP(config, config.moe_ffn_hidden_size) for _ in range(num_local_experts)
         )
 
-    def forward(self, rows: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
-        outputs = [
-            expert(chunk)
-            for expert, chunk in zip(self.local_experts, rows.split(tokens_per_expert), strict=True)
-        ]
+    def forward(
+        self, rows: torch.Tensor, tokens_per_expert: list[int], probs: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        chunks = rows.split(tokens_per_expert)
+        if probs is None:
+            outputs = [expert(chunk) for expert, chunk in zip(self.local_experts, chunks, strict=True)]
+        else:
+            outputs = [
+                expert(chunk, p)
+                for expert, chunk, p in zip(
+                    self.local_experts, chunks, probs.split(tokens_per_expert), strict=True
+                )
+            ]
         return torch.cat(outputs)

@@ -5,6 +5,8 @@ Rank ``r`` of an expert-parallel group of size ``P`` holds experts
 ``r * E / P .. (r + 1) * E / P - 1``. ``dispatch`` returns the rows for this rank's experts,
 grouped by expert, and the row count of each; ``combine`` takes the experts' outputs for those
 rows and returns ``[T, h]``: each token's outputs weighted by its routing probabilities and summed.
+``dispatch_weighted`` also returns each row's probability, for experts that apply it inside their
+activation; ``combine`` then sums the outputs unweighted.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from mcore_parallel import gather_from_sequence_parallel_region, reduce_scatter_
 
 from ...config.transformer_config import TransformerConfig
 from .capacity import expert_capacity
-from .permutation import ExpertRows, permute, plan_expert_rows, unpermute
+from .permutation import ExpertRows, permute, permute_probs, plan_expert_rows, unpermute
 from .router_interface import RouterOutput
 from .row_exchange import exchange_rows
 
@@ -26,6 +28,13 @@ def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     gathered = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, x.contiguous(), group=group)
     return torch.cat(gathered)
+
+
+def _split_probs(rows: torch.Tensor, with_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(rows, probs)`` from rows carrying their probability as the last column, or ``(rows, None)``."""
+    if not with_probs:
+        return rows, None
+    return rows[:, :-1], rows[:, -1]
 
 
 class _TokenDispatcher:
@@ -42,6 +51,24 @@ class _TokenDispatcher:
         self._plan: ExpertRows | None = None
         self._probs: torch.Tensor | None = None
         self._num_tokens = 0
+
+    def dispatch(self, hidden: torch.Tensor, routing: RouterOutput) -> tuple[torch.Tensor, list[int]]:
+        """Rows for the local experts and the rows of each, from ``hidden [T, h]``; ``combine``
+        weights the experts' outputs by the routing probabilities."""
+        rows, _, tokens_per_expert = self._dispatch(hidden, routing, with_probs=False)
+        return rows, tokens_per_expert
+
+    def dispatch_weighted(
+        self, hidden: torch.Tensor, routing: RouterOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """As ``dispatch``, plus each row's routing probability ``[rows]`` (zero in padding rows),
+        carried with the rows to the experts' ranks; the experts apply it and ``combine`` sums
+        their outputs unweighted."""
+        rows, probs, tokens_per_expert = self._dispatch(hidden, routing, with_probs=True)
+        return rows, probs, tokens_per_expert
+
+    def _dispatch(self, hidden: torch.Tensor, routing: RouterOutput, with_probs: bool):
+        raise NotImplementedError
 
     def _forget(self) -> None:
         """Drop the routing of the finished forward (autograd keeps what backward needs)."""
@@ -63,8 +90,7 @@ class AllGatherTokenDispatcher(_TokenDispatcher):
     routed to them, and the partial outputs are reduce-scattered back to their ranks. Needs the
     same token count on every rank."""
 
-    def dispatch(self, hidden: torch.Tensor, routing: RouterOutput) -> tuple[torch.Tensor, list[int]]:
-        """Rows for the local experts and the rows of each, from ``hidden [T, h]``."""
+    def _dispatch(self, hidden: torch.Tensor, routing: RouterOutput, with_probs: bool):
         local_tokens = hidden.shape[0]
         probs, indices, keep = routing.probs, routing.indices, routing.keep
         if self.ep_size > 1:
@@ -81,8 +107,9 @@ class AllGatherTokenDispatcher(_TokenDispatcher):
             min_rows=None if capacity is None else capacity * self.ep_size,
             alignment=self.config.moe_router_padding_for_alignment,
         )
-        self._probs, self._num_tokens = probs, hidden.shape[0]
-        return permute(hidden, self._plan), self._plan.rows_per_expert.tolist()
+        self._probs, self._num_tokens = (None if with_probs else probs), hidden.shape[0]
+        row_probs = permute_probs(probs, self._plan) if with_probs else None
+        return permute(hidden, self._plan), row_probs, self._plan.rows_per_expert.tolist()
 
     def combine(self, rows: torch.Tensor) -> torch.Tensor:
         """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
@@ -108,8 +135,7 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
         self._send: list[list[int]] = []
         self._order: torch.Tensor | None = None
 
-    def dispatch(self, hidden: torch.Tensor, routing: RouterOutput) -> tuple[torch.Tensor, list[int]]:
-        """Rows for the local experts and the rows of each, from ``hidden [T, h]``."""
+    def _dispatch(self, hidden: torch.Tensor, routing: RouterOutput, with_probs: bool):
         self._plan = plan_expert_rows(
             routing.indices,
             routing.keep,
@@ -117,10 +143,14 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
             min_rows=self._capacity_rows(hidden.shape[0]),
             alignment=self.config.moe_router_padding_for_alignment,
         )
-        self._probs, self._num_tokens = routing.probs, hidden.shape[0]
+        self._probs, self._num_tokens = (None if with_probs else routing.probs), hidden.shape[0]
         rows = permute(hidden, self._plan)
+        if with_probs:  # the probabilities travel as one more column of the rows
+            rows = torch.cat(
+                (rows, permute_probs(routing.probs, self._plan).unsqueeze(-1).to(rows.dtype)), -1
+            )
         if self.ep_size == 1:
-            return rows, self._plan.rows_per_expert.tolist()
+            return (*_split_probs(rows, with_probs), self._plan.rows_per_expert.tolist())
         local = self.num_local_experts
         counts = _all_gather_rows(self._plan.rows_per_expert.unsqueeze(0), self.ep_group).tolist()  # [P][E]
         self._send = [[sum(row[j * local : (j + 1) * local]) for j in range(self.ep_size)] for row in counts]
@@ -141,7 +171,8 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
         ]
         self._order = torch.cat(pieces).to(hidden.device)
         tokens_per_expert = [sum(mine[source][e] for source in range(self.ep_size)) for e in range(local)]
-        return received.index_select(0, self._order), tokens_per_expert
+        rows = received.index_select(0, self._order)
+        return (*_split_probs(rows, with_probs), tokens_per_expert)
 
     def combine(self, rows: torch.Tensor) -> torch.Tensor:
         """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
