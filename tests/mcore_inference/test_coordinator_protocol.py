@@ -437,3 +437,35 @@ def test_a_client_learns_that_the_coordinator_restarted():
             second.close()
 
     run(body())
+
+
+def test_a_control_call_returns_on_its_own_ack_only():
+    """A stray handshake ack arriving while ``pause`` waits is not taken for the pause's ack."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    answered = threading.Event()
+
+    def fake_coordinator():
+        for _ in range(2):  # the handshake, then the pause
+            identity, frame = router.recv_multipart()
+            kind, _ = decode(frame)
+            if kind is MessageKind.CONNECT:
+                router.send_multipart(
+                    [identity, encode(MessageKind.CONNECT_ACK, version=PROTOCOL_VERSION, state="running")]
+                )
+        router.send_multipart(
+            [identity, encode(MessageKind.CONNECT_ACK, version=PROTOCOL_VERSION, state="running")]
+        )
+        time.sleep(0.3)
+        answered.set()
+        router.send_multipart([identity, encode(MessageKind.PAUSE_ACK, state="paused")])
+
+    thread = threading.Thread(target=fake_coordinator, daemon=True)
+    thread.start()
+    try:
+        run(InferenceClient(f"tcp://127.0.0.1:{port}", timeout=TIMEOUT).pause())
+        assert answered.is_set(), "pause returned before the coordinator acknowledged it"
+    finally:
+        thread.join(TIMEOUT)
+        router.close()

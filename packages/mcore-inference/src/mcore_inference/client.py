@@ -14,10 +14,17 @@ import zmq
 import zmq.asyncio
 
 from .errors import CoordinatorError, IllegalControlSignalError, InvalidRequestError, ProtocolError
-from .protocol import PROTOCOL_VERSION, MessageKind, decode, encode, sampling_params_to_dict
+from .protocol import CONTROL_ACKS, PROTOCOL_VERSION, MessageKind, decode, encode, sampling_params_to_dict
 from .sampling_params import SamplingParams
 
 _logger = logging.getLogger(__name__)
+
+# What the coordinator answers each message a client waits on with.
+_ANSWERS = {
+    MessageKind.CONNECT: MessageKind.CONNECT_ACK,
+    MessageKind.SHUTDOWN: MessageKind.SHUTDOWN,
+    **CONTROL_ACKS,
+}
 
 
 @dataclass
@@ -96,6 +103,7 @@ class InferenceClient:
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Queue] = {}
         self._waiter: asyncio.Future | None = None  # of the handshake or a control signal
+        self._answer: MessageKind | None = None  # the kind that resolves it
         self._lock: asyncio.Lock | None = None
         self._connected = False
 
@@ -143,6 +151,7 @@ class InferenceClient:
     async def _request_reply(self, kind: MessageKind, **fields: Any) -> dict[str, Any]:
         """Send ``kind`` and wait for its answer (with the lock held: one at a time)."""
         self._waiter = self._loop.create_future()
+        self._answer = _ANSWERS[kind]
         self._send(kind, **fields)
         try:
             return await asyncio.wait_for(self._waiter, self.timeout)
@@ -182,8 +191,10 @@ class InferenceClient:
                 self._error(fields)
             elif kind is MessageKind.HEARTBEAT:
                 pass
-            elif self._waiter is not None and not self._waiter.done():  # CONNECT_ACK, *_ACK, SHUTDOWN
+            elif kind is self._answer and self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(fields)
+            else:  # e.g. the ack of a handshake nobody waits for: never taken for another answer
+                _logger.debug("unexpected %s from the coordinator", kind.name)
 
     def _fail_pending(self, error: Exception) -> None:
         for queue in self._pending.values():
@@ -209,7 +220,7 @@ class InferenceClient:
             self._fail_pending(CoordinatorError("the coordinator restarted"))
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_exception(CoordinatorError("the coordinator restarted"))
-            self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="client", name="client")
+            self._connected = False  # the next call handshakes again before it sends anything
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(error)
         else:
