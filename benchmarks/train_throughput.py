@@ -16,10 +16,12 @@ other model's allocations and the allocator's history do not count), after ``--w
 that glibc keeps after frees back to the OS, writing ``5`` to ``/proc/self/clear_refs`` resets the
 kernel's resident-set high-water mark (Linux >= 4.0), then one step runs and ``VmHWM`` from
 ``/proc/self/status`` is read. ``peak_step_mib`` is that high-water mark minus the resident set
-just before the step: the most memory the step held at once beyond the parameters, gradients
-left over (none: set to ``None``) and optimizer state, i.e. activations, logits, gradients and
-temporaries, counted in resident pages as the OS sees them (``tracemalloc`` does not see tensor
-storage; ``ru_maxrss`` cannot be reset). ``peak_rss_mib`` is the absolute high-water mark of the
+just before the step: the most memory the step held at once beyond what lives between steps
+(parameters, optimizer state; gradients are set to ``None``), i.e. activations, logits, gradients
+and temporaries, counted in resident pages as the OS sees them (``tracemalloc`` does not see
+tensor storage; ``ru_maxrss`` cannot be reset). Pages an allocation reserves but never touches do
+not count, and glibc may reuse freed pages within the step, so this is what the step really
+occupies, not the sum of its allocations. ``peak_rss_mib`` is the absolute high-water mark of the
 process during that step. On a system without ``/proc/self/clear_refs`` the memory figures are
 ``null``.
 
