@@ -232,3 +232,20 @@ def test_gpt_model_tensor_parallel_loss_equals_the_logits_path(sequence_parallel
     for errors in run_distributed(body, 2, timeout=60):
         worst = max(errors, key=errors.get)
         assert errors[worst] <= 1e-5, f"{worst}: {errors[worst]:.2e}"
+
+
+def test_gpt_model_under_autocast_takes_the_logits_path(run_distributed, model_parallel):
+    ids = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def body():
+        torch.manual_seed(0)
+        model = GPTModel(_config(), 61, pg_collection=model_parallel(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fused = model(ids, labels=ids)
+            handle = _unfused(model)
+            unfused = model(ids, labels=ids)
+        handle.remove()
+        return (fused - unfused).abs().max().item()
+
+    (error,) = run_distributed(body, 1)
+    assert error == 0.0

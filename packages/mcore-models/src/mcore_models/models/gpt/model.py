@@ -236,7 +236,7 @@ class GPTModel(torch.nn.Module):
         hidden = self.decoder(hidden, rotary, segment_ids, attention_mask)
         if not self.post_process:
             return hidden
-        if labels is not None and self._fused_loss():
+        if labels is not None and self._fused_loss(hidden):
             return self._linear_cross_entropy(hidden, labels)
         logits = self._exclude_padding(self.output_layer(hidden)[0])  # [s, b, padded v / tp]
         if labels is not None:
@@ -245,12 +245,15 @@ class GPTModel(torch.nn.Module):
             logits = self._gather_vocab(logits)
         return logits.transpose(0, 1).contiguous()
 
-    def _fused_loss(self) -> bool:
+    def _fused_loss(self, hidden: torch.Tensor) -> bool:
         """Whether the loss may bypass ``output_layer``'s ``forward``: the plain layer without
-        bias or gathered output, and no hooks on it that would miss the call."""
+        bias or gathered output, no hooks on it that would miss the call, the hidden states in the
+        weight's dtype and no autocast (which would pick the matmuls' dtype itself)."""
         layer = self.output_layer
         return (
             type(layer) is ColumnParallelLinear
+            and hidden.dtype == layer.weight.dtype
+            and not torch.is_autocast_enabled(hidden.device.type)
             and layer.bias is None
             and not layer.gather_output
             and not (
