@@ -100,15 +100,16 @@ def test_all_labels_ignored():
     assert not loss.any() and not grad_hidden.any() and not grad_weight.any()
 
 
+@pytest.mark.parametrize("cut", [30, V], ids=["uneven", "empty-shard"])
 @pytest.mark.parametrize("kind", ["mean", "weighted"])
-def test_vocab_parallel_matches_full_logits(kind, run_distributed):
+def test_vocab_parallel_matches_full_logits(kind, cut, run_distributed):
     hidden, weight, target = _inputs()
     upstream = _upstream(kind, target)
     expected = _loss_and_grads(_reference, hidden, weight, target, upstream)
 
     def body():
         rank = dist.get_rank()
-        rows = [0, 30, V][rank : rank + 2]  # uneven shards
+        rows = [0, cut, V][rank : rank + 2]  # uneven shards, or all on rank 0
         group = dist.group.WORLD
         got = _loss_and_grads(
             lambda h, w, t: linear_cross_entropy(h, w, t, group=group, vocab_start=rows[0], chunk_rows=8),

@@ -77,8 +77,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logits = _logits_into(
                 buffer[: last - first], None if low is None else low[: last - first], h, weight
             )
-            picked = logits.gather(1, local[chunk]).squeeze(1).masked_fill_(~here[chunk], 0.0)
-            row_max = logits.amax(1) if vocab else torch.full_like(picked, float("-inf"))
+            if vocab:
+                picked = logits.gather(1, local[chunk]).squeeze(1).masked_fill_(~here[chunk], 0.0)
+                row_max = logits.amax(1)
+            else:  # a rank holding only padded ids: nothing to add
+                picked = logits.new_zeros(last - first)
+                row_max = torch.full_like(picked, float("-inf"))
             if parallel:
                 dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
             probs = logits.sub_(row_max.unsqueeze(1)).exp_()  # in place: unnormalised softmax
@@ -91,7 +95,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 continue
             # dloss / dlogits = softmax - onehot(target), zero on ignored rows.
             probs.mul_((valid[chunk] / sum_exp).unsqueeze(1))
-            probs.scatter_add_(1, local[chunk], here[chunk].to(probs.dtype).neg_().unsqueeze(1))
+            if vocab:
+                probs.scatter_add_(1, local[chunk], here[chunk].to(probs.dtype).neg_().unsqueeze(1))
             grad_logits = probs if low is None else low[: last - first].copy_(probs)
             if need_hidden:
                 torch.mm(grad_logits, weight, out=grad_hidden[chunk])
@@ -135,7 +140,8 @@ def _add_recomputed(grad_weight, hidden, weight, rows, scale, local, here, lse, 
         h = hidden[index]
         logits = torch.mm(h, weight.t()).float()
         probs = logits.sub_(lse[index].unsqueeze(1)).exp_()
-        probs.scatter_add_(1, local[index], here[index].to(probs.dtype).neg_().unsqueeze(1))
+        if weight.shape[0]:
+            probs.scatter_add_(1, local[index], here[index].to(probs.dtype).neg_().unsqueeze(1))
         probs.mul_(scale[index].unsqueeze(1))
         grad_weight.add_(torch.mm(probs.to(h.dtype).t(), h))
 
