@@ -3,8 +3,8 @@
 ``linear_cross_entropy(hidden, weight, target)`` equals
 ``F.cross_entropy(F.linear(hidden, weight).float(), target, reduction="none")`` (logits rounded to
 ``hidden``'s dtype, then the loss in float32), but the logits exist only one chunk of rows at a
-time, in a buffer reused from chunk to chunk (a few MiB that stay in cache), never for the whole
-batch and never kept for backward.
+time, in a buffer reused from chunk to chunk (about 16 MiB of float32), and are never kept for
+backward.
 
 The gradients are computed in the forward pass, chunk by chunk, as if each token's upstream
 gradient were 1: ``dlogits = softmax - onehot(target)``, then ``grad_hidden`` and ``grad_weight``
@@ -26,10 +26,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# Rows per chunk: enough for an efficient matmul, and about 4 MiB of float32 logits when the
-# vocabulary is small enough for that to hold more rows.
+# Rows per chunk: enough for an efficient matmul, and about 16 MiB of float32 logits when the
+# vocabulary is small enough for that to hold more rows (on a 2-core CPU, 1024 rows of 4096 ran
+# a training step 2-5% faster than 256: fewer passes of the weight-gradient accumulation).
 _MIN_CHUNK_ROWS = 256
-_CHUNK_ELEMENTS = 1 << 20
+_CHUNK_ELEMENTS = 1 << 22
 
 
 def chunk_rows_for(vocab: int) -> int:
