@@ -9,6 +9,8 @@ import torch.distributed as dist
 from mcore_parallel import (
     ColumnParallelLinear,
     ProcessGroupCollection,
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
     vocab_parallel_cross_entropy,
 )
@@ -27,6 +29,7 @@ from ...transformer.spec import ModuleSpec
 from ...transformer.specs import get_gpt_layer_spec
 from ...transformer.yarn import YarnRotaryEmbedding
 from .embedding import LanguageModelEmbedding
+from .linear_cross_entropy import linear_cross_entropy
 from .special_tokens import token_id, token_ids
 
 
@@ -233,12 +236,57 @@ class GPTModel(torch.nn.Module):
         hidden = self.decoder(hidden, rotary, segment_ids, attention_mask)
         if not self.post_process:
             return hidden
+        if labels is not None and self._fused_loss(hidden):
+            return self._linear_cross_entropy(hidden, labels)
         logits = self._exclude_padding(self.output_layer(hidden)[0])  # [s, b, padded v / tp]
         if labels is not None:
             return vocab_parallel_cross_entropy(logits, labels.t(), self.tp_group).t()
         if not self.parallel_output:
             logits = self._gather_vocab(logits)
         return logits.transpose(0, 1).contiguous()
+
+    def _fused_loss(self, hidden: torch.Tensor) -> bool:
+        """Whether the loss may bypass ``output_layer``'s ``forward``: the plain layer without
+        bias or gathered output, no hooks on it that would miss the call, the hidden states in the
+        weight's dtype and no autocast (which would pick the matmuls' dtype itself)."""
+        layer = self.output_layer
+        return (
+            type(layer) is ColumnParallelLinear
+            and hidden.dtype == layer.weight.dtype
+            and not torch.is_autocast_enabled(hidden.device.type)
+            and layer.bias is None
+            and not layer.gather_output
+            and not (
+                layer._forward_pre_hooks
+                or layer._forward_hooks
+                or layer._backward_hooks
+                or layer._backward_pre_hooks
+            )
+        )
+
+    def _linear_cross_entropy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-token losses ``[b, s]`` from the final hidden states ``[s, b, h]`` without full-vocabulary
+        logits (see ``linear_cross_entropy``): the same values as ``output_layer`` and
+        ``vocab_parallel_cross_entropy``; labels equal to -100 are ignored (loss 0)."""
+        invalid = (labels != -100) & ((labels < 0) | (labels >= self.vocab_size))
+        if invalid.any():
+            bad = labels[invalid][0].item()
+            raise ValueError(f"labels must be in [0, {self.vocab_size}) or -100, got {bad}")
+        layer = self.output_layer
+        if layer.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(
+                hidden, self.tp_group, tensor_parallel_output_grad=True
+            )
+        else:
+            hidden = copy_to_tensor_model_parallel_region(hidden, self.tp_group)
+        s, b, _ = hidden.shape
+        local = layer.weight.shape[0]
+        start = dist.get_rank(self.tp_group) * local
+        weight = layer.weight[: max(0, min(local, self.vocab_size - start))]  # no padded ids
+        loss = linear_cross_entropy(
+            hidden.reshape(s * b, -1), weight, labels.t().reshape(-1), group=self.tp_group, vocab_start=start
+        )
+        return loss.view(s, b).t()
 
     def _exclude_padding(self, logits: torch.Tensor) -> torch.Tensor:
         """This rank's vocab shard of the logits with the padded ids' columns set to ``-inf``."""
