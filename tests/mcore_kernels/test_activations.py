@@ -2,12 +2,6 @@
 activations and Hugging Face's GPT-OSS gate; the Triton kernels against the reference, forward and
 backward, under Triton's interpreter on the CPU (float32) and on a GPU (``gpu``); argument errors."""
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +16,7 @@ from mcore_kernels import (
     swiglu,
     use_backend,
 )
+from mcore_testing.triton_interpreter import interpreted_mismatches
 
 
 def _split(x, interleaved):
@@ -264,18 +259,7 @@ def _interpreted_mismatches() -> list:
 
 
 def test_triton_kernels_match_the_reference_under_the_interpreter():
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (it is an optional accelerator)")
-    script = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_activations; "
-        "print(json.dumps(test_activations._interpreted_mismatches()))"
-    )
-    env = dict(os.environ, TRITON_INTERPRET="1", MCORE_KERNELS_BACKEND="auto")
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert interpreted_mismatches(__file__) == []
 
 
 @pytest.mark.gpu

@@ -2,16 +2,10 @@
 norms and numerical gradients; the Triton kernels against the reference, forward and backward,
 under Triton's interpreter on the CPU (float32) and on a GPU (``gpu``); argument errors."""
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from mcore_kernels import layer_norm, rms_norm, use_backend
+from mcore_testing.triton_interpreter import interpreted_mismatches
 
 # Odd widths (the kernels pad to a power of two and mask), and a width of one.
 WIDTHS = [1, 7, 33, 64]
@@ -148,18 +142,7 @@ def _interpreted_mismatches() -> list:
 
 
 def test_triton_kernels_match_the_reference_under_the_interpreter():
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (it is an optional accelerator)")
-    script = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_norm; "
-        "print(json.dumps(test_norm._interpreted_mismatches()))"
-    )
-    env = dict(os.environ, TRITON_INTERPRET="1", MCORE_KERNELS_BACKEND="auto")
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert interpreted_mismatches(__file__) == []
 
 
 @pytest.mark.gpu
