@@ -52,3 +52,31 @@ def hf_logits():
             return model(ids).logits
 
     return logits
+
+
+@pytest.fixture
+def moe_import_logits(run_distributed, model_parallel):
+    """``moe_import_logits(directory, ids, tp, grouped, exported, timeout)``: on ``tp`` ranks, import
+    the MoE checkpoint in ``directory`` (grouped or sequential experts, checked), return each rank's
+    full-vocabulary logits of ``ids``, and export the model to ``exported``."""
+
+    def run(directory, ids, tp, grouped, exported, timeout):
+        def body():
+            from mcore_models.hf import export_hf_checkpoint, import_hf_checkpoint
+            from mcore_models.transformer.moe import GroupedExperts, MoELayer, SequentialExperts
+
+            model = import_hf_checkpoint(
+                directory, pg_collection=model_parallel(tp), moe_grouped_gemm=grouped
+            )
+            moe = model.decoder.layers[0].mlp
+            assert isinstance(moe, MoELayer)
+            assert isinstance(moe.experts, GroupedExperts if grouped else SequentialExperts)
+            model.parallel_output = False
+            with torch.no_grad():
+                logits = model(ids)
+            export_hf_checkpoint(model, exported)
+            return logits.numpy()
+
+        return [torch.from_numpy(logits) for logits in run_distributed(body, tp, timeout=timeout)]
+
+    return run

@@ -17,10 +17,9 @@ import json
 import pytest
 import torch
 import transformers  # imported here so forked ranks inherit it
-from mcore_models.hf import export_hf_checkpoint, import_hf_checkpoint
+from mcore_models.hf import import_hf_checkpoint
 from mcore_models.hf.gpt_oss import GptOssMapping
 from mcore_models.hf.registry import mapping_for
-from mcore_models.transformer.moe import GroupedExperts, MoELayer, SequentialExperts
 
 TOLERANCE = 1e-4
 VOCAB = 96
@@ -118,25 +117,12 @@ def test_config_mapping(checkpoint):
     [(False, 1), (True, 1), (False, 2), (True, 2)],
     ids=["sequential", "grouped", "sequential-tp2", "grouped-tp2"],
 )
-def test_import_export_logit_parity(
-    grouped, tp, checkpoint, hf_logits, run_distributed, model_parallel, tmp_path
-):
+def test_import_export_logit_parity(grouped, tp, checkpoint, hf_logits, moe_import_logits, tmp_path):
     directory, ids, reference = checkpoint
     exported = tmp_path / "exported"
 
-    def body():
-        model = import_hf_checkpoint(directory, pg_collection=model_parallel(tp), moe_grouped_gemm=grouped)
-        moe = model.decoder.layers[0].mlp
-        assert isinstance(moe, MoELayer)
-        assert isinstance(moe.experts, GroupedExperts if grouped else SequentialExperts)
-        model.parallel_output = False
-        with torch.no_grad():
-            logits = model(ids)
-        export_hf_checkpoint(model, exported)
-        return logits.numpy()
-
-    for logits in run_distributed(body, tp, timeout=90):
-        error = (torch.from_numpy(logits) - reference).abs().max().item()
+    for logits in moe_import_logits(directory, ids, tp, grouped, exported, timeout=90):
+        error = (logits - reference).abs().max().item()
         print(f"gpt_oss grouped={grouped} tp={tp}: import max abs error {error:.2e}")
         assert error <= TOLERANCE
     config = json.loads((exported / "config.json").read_text())

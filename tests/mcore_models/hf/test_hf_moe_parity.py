@@ -13,8 +13,7 @@ import json
 import pytest
 import torch
 import transformers  # imported here so forked ranks inherit it
-from mcore_models.hf import export_hf_checkpoint, import_hf_checkpoint
-from mcore_models.transformer.moe import GroupedExperts, MoELayer, SequentialExperts
+from mcore_models.hf import import_hf_checkpoint
 
 TOLERANCE = 1e-4
 VOCAB = 96
@@ -60,24 +59,13 @@ def hf_checkpoints(hf_checkpoint_cache):
 )
 @pytest.mark.parametrize("case", list(CASES))
 def test_moe_import_export_logit_parity(
-    case, grouped, tp, hf_checkpoints, hf_logits, run_distributed, model_parallel, tmp_path
+    case, grouped, tp, hf_checkpoints, hf_logits, moe_import_logits, tmp_path
 ):
     directory, ids, reference = hf_checkpoints(case)
     exported = tmp_path / "exported"
 
-    def body():
-        model = import_hf_checkpoint(directory, pg_collection=model_parallel(tp), moe_grouped_gemm=grouped)
-        moe = model.decoder.layers[0].mlp
-        assert isinstance(moe, MoELayer)
-        assert isinstance(moe.experts, GroupedExperts if grouped else SequentialExperts)
-        model.parallel_output = False
-        with torch.no_grad():
-            logits = model(ids)
-        export_hf_checkpoint(model, exported)
-        return logits.numpy()
-
-    for logits in run_distributed(body, tp, timeout=60):
-        error = (torch.from_numpy(logits) - reference).abs().max().item()
+    for logits in moe_import_logits(directory, ids, tp, grouped, exported, timeout=60):
+        error = (logits - reference).abs().max().item()
         print(f"{case} grouped={grouped} tp={tp}: import max abs error {error:.2e}")
         assert error <= TOLERANCE
     reload_error = (hf_logits(exported, ids) - reference).abs().max().item()
