@@ -210,3 +210,22 @@ def test_tensor_ops_do_not_grow_with_the_batch():
             sample(logits, params, torch.Generator(), prompt_tokens=prompts, output_tokens=outputs)
         counts.append(ops.count)
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("width", [1, 127, 128, 300, 32000, 32003])
+def test_blocked_argmax_equals_torch_argmax(width):
+    """The greedy rows' two-pass argmax gives ``torch.argmax``'s index: first of ties (also
+    across blocks and in the short tail block), first NaN, rows of ``-inf``."""
+    from mcore_inference.sampler import _argmax_rows
+
+    generator = torch.Generator().manual_seed(width)
+    values = torch.randint(-3, 4, (12, width), generator=generator).float()  # many ties
+    values[1] = float("-inf")
+    values[2, width // 2 :] = 9.0  # the maximum first in a later block, again in every block after it
+    values[3, -1] = 9.0  # the maximum in the tail block
+    values[4, width // 3] = float("nan")
+    values[5, [width // 4, width - 1]] = float("nan")
+    values[6] = torch.randn(width, generator=generator)
+    expected = values.argmax(dim=-1)
+    assert torch.equal(_argmax_rows(values), expected)
+    assert torch.equal(_argmax_rows(values.bfloat16()), values.bfloat16().argmax(dim=-1))

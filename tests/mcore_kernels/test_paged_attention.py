@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from mcore_kernels import KernelBackendError, paged_decode_attention, rms_norm, use_backend
+from mcore_kernels import KernelBackendError, layer_norm, paged_decode_attention, use_backend
 from mcore_kernels.native_build import native_library_error
 
 NATIVE = native_library_error() is None
@@ -157,8 +157,8 @@ def test_bad_arguments_raise_errors_naming_them(case):
 
 
 def test_forcing_a_kernel_an_op_does_not_have_is_refused():
-    with use_backend("native"), pytest.raises(KernelBackendError, match="rms_norm has no native kernel"):
-        rms_norm(torch.ones(2, 4), torch.ones(4))
+    with use_backend("native"), pytest.raises(KernelBackendError, match="layer_norm has no native kernel"):
+        layer_norm(torch.ones(2, 4), torch.ones(4))
     with (
         use_backend("triton"),
         pytest.raises(KernelBackendError, match="paged_decode_attention has no triton kernel"),

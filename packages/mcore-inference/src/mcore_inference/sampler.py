@@ -212,7 +212,7 @@ def sample(
         scored = raw.clone()
         scored[rows] = apply_penalties(raw[rows], counts, prompt_mask, presence, frequency, repetition)
 
-    tokens = scored.argmax(dim=-1)  # every greedy row's token
+    tokens = _argmax_rows(scored)  # every greedy row's token
     if any(sampled):
         rows = _rows(sampled, device)
         temperature, top_k, top_p, min_p = (columns[c][rows].unsqueeze(1) for c in range(4))
@@ -225,6 +225,26 @@ def sample(
     token_list = tokens.tolist()
     logprobs, top_logprobs = _logprobs(raw, tokens, params)
     return SampledTokens(token_list, logprobs, top_logprobs)
+
+
+_ARGMAX_BLOCK = 128
+
+
+def _argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """``values.argmax(dim=-1)`` of ``[R, V]``, the same indices (first of ties, first NaN), in
+    two vectorised passes: the maximum of each block of ``_ARGMAX_BLOCK`` columns, then the
+    argmax inside the first block holding the row's maximum. On the CPU ``argmax`` over a
+    vocabulary is a scalar loop, ten times slower than ``amax``."""
+    rows, width = values.shape
+    blocks = width // _ARGMAX_BLOCK
+    if blocks < 2:
+        return values.argmax(dim=-1)
+    body = values[:, : blocks * _ARGMAX_BLOCK].reshape(rows, blocks, _ARGMAX_BLOCK).amax(dim=-1)
+    if width > blocks * _ARGMAX_BLOCK:  # the tail is one more (shorter) block
+        body = torch.cat([body, values[:, blocks * _ARGMAX_BLOCK :].amax(dim=-1, keepdim=True)], dim=1)
+    start = body.argmax(dim=-1, keepdim=True) * _ARGMAX_BLOCK
+    columns = (start + torch.arange(_ARGMAX_BLOCK, device=values.device)).clamp_(max=width - 1)
+    return start.squeeze(1) + values.gather(1, columns).argmax(dim=-1)
 
 
 def _unsampleable(scaled: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from . import activation_reference
 from .activation_reference import ActivationSpec
-from .dispatch import select_backend
+from .dispatch import select_backend, select_forward_backend
 
 
 def _backend(name: str):
@@ -39,6 +39,9 @@ class _ActivationFunction(torch.autograd.Function):
             dout.reshape(rows.shape[0], -1).contiguous(), rows, weights, spec
         )
         return dx.view(shape), None if dprobs is None else dprobs.view(probs_shape), None, None
+
+
+_PLAIN_SWIGLU = ActivationSpec("silu", True)
 
 
 def _number(op: str, name: str, value, *, positive: bool = False, non_negative: bool = False) -> None:
@@ -73,6 +76,10 @@ def _activate(op: str, x, probs, spec: ActivationSpec) -> torch.Tensor:
     _number(op, "offset", spec.offset)
     if spec.clamp is not None:
         _number(op, "limit" if op == "clamped_swiglu" else "clamp", spec.clamp, non_negative=True)
+    if spec == _PLAIN_SWIGLU and probs is None:  # the one activation with a native (inference) kernel
+        if select_forward_backend(op, x, x) == "native":
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return torch.ops.mcore_kernels_cpu.swiglu(rows).view(*x.shape[:-1], x.shape[-1] // 2)
     backend = select_backend(op, x)
     return _ActivationFunction.apply(x, probs, spec, backend)
 

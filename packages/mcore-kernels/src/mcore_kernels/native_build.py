@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("paged_decode_attention.cpp",)
+_SOURCES = ("paged_decode_attention.cpp", "rms_norm.cpp", "swiglu.cpp", "rotary.cpp")
+_HEADERS = ("simd.h",)  # part of the build key: the sources include them
 _OPTIMIZATION = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
 _BUILD_SECONDS = 600
 
@@ -65,7 +66,7 @@ def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256()
     for part in [
-        *(path.read_bytes() for path in sources),
+        *((folder / name).read_bytes() for name in (*_SOURCES, *_HEADERS)),
         *map(str.encode, (*_OPTIMIZATION, torch.__version__)),
     ]:
         key.update(part)

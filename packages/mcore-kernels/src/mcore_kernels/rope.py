@@ -10,7 +10,7 @@ import math
 import torch
 
 from . import rope_reference
-from .dispatch import select_backend
+from .dispatch import select_forward_backend
 
 
 def _backend(name: str):
@@ -106,10 +106,13 @@ def apply_rotary(
     tables in. Computed in float32, returned in ``x``'s dtype. Differentiable in ``x`` (the tables
     get no gradient). Apply it to queries and keys alike."""
     _check(x, cos, sin)
-    backend = select_backend("apply_rotary", x)
+    backend = select_forward_backend("apply_rotary", x, x)
     if x.numel() == 0:
         return x.clone()
     cos_rows, sin_rows, group = _table_rows(x, cos, sin)
+    if backend == "native":
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        return torch.ops.mcore_kernels_cpu.rotary(rows, cos_rows, sin_rows, bool(interleaved)).view(x.shape)
     return _RotaryFunction.apply(x, cos_rows, sin_rows, group, bool(interleaved), backend)
 
 

@@ -18,36 +18,12 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+
+#include "simd.h"
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(double x) { return static_cast<float>(x); }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-inline float to_float(c10::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-
-template <typename T>
-void to_floats(const T* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    for (; i + 16 <= n; i += 16) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
-      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(wide));
-    }
-  }
-#endif
-  for (; i < n; ++i) dst[i] = to_float(src[i]);
-}
+using namespace mcore_kernels;
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.f;
@@ -87,37 +63,6 @@ struct Row {
 
 #if defined(__AVX512F__)
 constexpr int64_t kMaxPerGroup = 64;  // query heads per key head the register path takes
-
-// 16 elements as float32 lanes.
-template <typename T>
-inline __m512 load16(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm512_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  } else {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-}
-
-// exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial
-// (relative error below 2e-7), times 2^n by scalef; arguments below -87.3 (where exp leaves
-// float32's normal range) count as -87.3.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // Softmax numerators in place and their sum; a sink joins the maximum and the sum.
 inline float softmax_numerators(float* s, int64_t length, const float* sink) {
@@ -248,6 +193,7 @@ void decode_row_generic(const Row<T, Index>& row, const T* q, int64_t heads, int
 template <typename T, typename Index>
 bool decode_row_avx512(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
                        float scale, const float* sink, std::vector<float>& scores, T* out) {
+  if constexpr (std::is_same_v<T, double>) return false;  // float64 takes the portable path
   if (dim % 16 != 0 || dim > 128 || per_group > kMaxPerGroup) return false;
   for (int64_t h = 0; h < heads; h += per_group) {
     Row<T, Index> group = row;
