@@ -31,7 +31,8 @@ def _losses(report):
 
 
 def _final_checkpoint(report) -> dict[str, torch.Tensor]:
-    """Every model tensor of the run's final checkpoint, whole (read on this one process)."""
+    """Every model tensor of the run's final checkpoint, whole (read on this one process); an
+    FSDP checkpoint's nested ``model`` dict is flattened to the same ``model.<name>`` keys."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -43,6 +44,8 @@ def _final_checkpoint(report) -> dict[str, torch.Tensor]:
         planner=_EmptyStateDictLoadPlanner(),
         no_dist=True,
     )
+    nested = state.pop("model", {})
+    state |= {f"model.{name}": value for name, value in nested.items()}
     return {k: v for k, v in state.items() if k.startswith("model.")}
 
 
@@ -135,6 +138,35 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
     torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
+def test_fsdp_ep2_on_four_ranks_trains_like_ep1(grouped, run_distributed, tiny_configs, tmp_path):
+    """mcore-fsdp shards experts over the expert-data-parallel group (EP = 2 x expert-DP = 2, dense
+    DP = 4); the final checkpoint names experts globally, so it compares with one process's."""
+    pytest.importorskip("mcore_fsdp")
+    extra = dict(moe_grouped_gemm=grouped)
+    layout = dict(sample_tokens=4, global_batch=8)
+    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout), **extra), 1)
+    configs = tiny_configs(tmp_path / "fsdp-ep2", 3, fsdp=True, **layout)
+    report = _run(run_distributed, _moe(configs, 2, **extra), 4)
+    assert "EP=2 DP=4 FSDP(optim_grads_params)" in report["layout"]
+    assert report["parameters"] == oracle["parameters"]
+    assert report["sample"] == oracle["sample"]
+    _assert_same_training(report, oracle)
+
+
+def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1(run_distributed, tiny_configs, checkpoint_at, tmp_path):
+    """FSDP at EP = 2 x expert-DP = 2 (grouped experts) -> FSDP at EP = 1 on 2 ranks, another strategy."""
+    pytest.importorskip("mcore_fsdp")
+    grouped, layout = dict(moe_grouped_gemm=True), dict(global_batch=8, fsdp=True)
+    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 4, save_interval=2, **layout), 2, **grouped), 4)
+    source = checkpoint_at(tmp_path / "ep2" / "checkpoints", 2, tmp_path / "at-2")
+    configs = tiny_configs(tmp_path / "ep1", 4, load=str(source), fsdp_strategy="optim", **layout)
+    resumed = _run(run_distributed, _moe(configs, **grouped), 2)
+    assert resumed["resumed_from"] == 2
+    torch.testing.assert_close(_losses(resumed)[2:], _losses(whole)[2:], rtol=1e-4, atol=0)
+    _assert_same_training(resumed, whole)
+
+
 @pytest.mark.parametrize(
     "world, argv, fields",
     [
@@ -144,10 +176,9 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
             ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "4"],
             "expert_model_parallel_size, nproc_per_node",
         ),
-        (2, ["--fsdp"], "expert_model_parallel_size, fsdp"),
         (2, ["--export-hf", "hf"], "expert_model_parallel_size, export_hf"),
     ],
-    ids=["experts-not-divisible", "ep-does-not-divide-dp", "fsdp", "export-hf"],
+    ids=["experts-not-divisible", "ep-does-not-divide-dp", "export-hf"],
 )
 def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world, argv, fields):
     base = ["--num-moe-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2"]
