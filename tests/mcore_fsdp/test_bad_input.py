@@ -40,7 +40,10 @@ def test_bad_arguments_fail_fast(run_distributed, tiny, rank0_error, case, messa
         "expert_mesh_without_predicate": lambda: fully_shard(tiny.Net(), expert_mesh=(2,)),
         "divide_factor_without_experts": lambda: fully_shard(tiny.Net(), expert_gradient_divide_factor=2),
         "negative_divide_factor": lambda: fully_shard(
-            tiny.Net(), expert_parameters=lambda n, p: True, expert_mesh=(2,), expert_gradient_divide_factor=-1
+            tiny.Net(),
+            expert_parameters=lambda n, p: True,
+            expert_mesh=(2,),
+            expert_gradient_divide_factor=-1,
         ),
         "not_a_mesh": lambda: fully_shard(tiny.Net(), mesh="cpu"),
     }

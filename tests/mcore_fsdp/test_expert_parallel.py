@@ -74,7 +74,8 @@ def _body(tiny):
     inputs, targets = tiny.batch(0, world)
     grads = _reference_grads(tiny, expert_index, expert_divisor=2)
     expected = {
-        name: param.detach() - LR * grads[name] for name, param in _plain_model(expert_index).named_parameters()
+        name: param.detach() - LR * grads[name]
+        for name, param in _plain_model(expert_index).named_parameters()
     }
 
     model = _sharded(expert_index, grid)

@@ -154,11 +154,15 @@ def test_fsdp_ep2_on_four_ranks_trains_like_ep1(grouped, run_distributed, tiny_c
     _assert_same_training(report, oracle)
 
 
-def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1(run_distributed, tiny_configs, checkpoint_at, tmp_path):
+def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1(
+    run_distributed, tiny_configs, checkpoint_at, tmp_path
+):
     """FSDP at EP = 2 x expert-DP = 2 (grouped experts) -> FSDP at EP = 1 on 2 ranks, another strategy."""
     pytest.importorskip("mcore_fsdp")
     grouped, layout = dict(moe_grouped_gemm=True), dict(global_batch=8, fsdp=True)
-    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 4, save_interval=2, **layout), 2, **grouped), 4)
+    whole = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "ep2", 4, save_interval=2, **layout), 2, **grouped), 4
+    )
     source = checkpoint_at(tmp_path / "ep2" / "checkpoints", 2, tmp_path / "at-2")
     configs = tiny_configs(tmp_path / "ep1", 4, load=str(source), fsdp_strategy="optim", **layout)
     resumed = _run(run_distributed, _moe(configs, **grouped), 2)

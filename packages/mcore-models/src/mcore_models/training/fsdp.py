@@ -173,7 +173,9 @@ def _renamed(entries: dict, convert) -> dict:
     return result
 
 
-def fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, with_optimizer: bool = True) -> dict:
+def fsdp_checkpoint_state(
+    model: FSDPTrainModel, optimizer: FSDPOptimizer, with_optimizer: bool = True
+) -> dict:
     """``{"model": DTensor state dict, "optimizer": optimizer_state_dict}`` for ``torch.distributed.checkpoint``
     (collective), experts named globally."""
     from mcore_fsdp import optimizer_state_dict
@@ -208,7 +210,9 @@ def load_fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, 
             optim = {**optim, "state": _renamed(optim["state"], names.to_local)}
         name_of = {id(param): name for name, param in sharded.named_parameters()}
         members = [[name_of[id(param)] for param in group["params"]] for group in optimizer.param_groups]
-        groups = [{**saved, "params": params} for saved, params in zip(optim["param_groups"], members, strict=True)]
+        groups = [
+            {**saved, "params": params} for saved, params in zip(optim["param_groups"], members, strict=True)
+        ]
         load_optimizer_state_dict(sharded, optimizer.optimizer, {**optim, "param_groups": groups})
 
 

@@ -35,7 +35,9 @@ class ExpertCheckpointNames:
     Built on every rank of the model (a collective over ``ep_group``).
     """
 
-    def __init__(self, model: torch.nn.Module, ep_group: dist.ProcessGroup, expert_dp_group: dist.ProcessGroup):
+    def __init__(
+        self, model: torch.nn.Module, ep_group: dist.ProcessGroup, expert_dp_group: dist.ProcessGroup
+    ):
         self.layers = [
             _ExpertPrefix(f"{name}.experts.", layer.local_expert_offset)
             for name, layer in model.named_modules()
