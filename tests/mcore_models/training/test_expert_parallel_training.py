@@ -154,21 +154,28 @@ def test_fsdp_ep2_on_four_ranks_trains_like_ep1(grouped, run_distributed, tiny_c
     _assert_same_training(report, oracle)
 
 
-def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1(
-    run_distributed, tiny_configs, checkpoint_at, tmp_path
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
+def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
+    grouped, run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
-    """FSDP at EP = 2 x expert-DP = 2 (grouped experts) -> FSDP at EP = 1 on 2 ranks, another strategy."""
+    """FSDP at EP = 2 x expert-DP = 2 -> FSDP at EP = 1 on 2 ranks (another strategy) at iteration
+    2 -> EP = 2 again at iteration 4, each with the uninterrupted run's losses."""
     pytest.importorskip("mcore_fsdp")
-    grouped, layout = dict(moe_grouped_gemm=True), dict(global_batch=8, fsdp=True)
-    whole = _run(
-        run_distributed, _moe(tiny_configs(tmp_path / "ep2", 4, save_interval=2, **layout), 2, **grouped), 4
-    )
+    experts, layout = dict(moe_grouped_gemm=grouped), dict(global_batch=8, fsdp=True, save_interval=2)
+    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 5, **layout), 2, **experts), 4)
     source = checkpoint_at(tmp_path / "ep2" / "checkpoints", 2, tmp_path / "at-2")
-    configs = tiny_configs(tmp_path / "ep1", 4, load=str(source), fsdp_strategy="optim", **layout)
-    resumed = _run(run_distributed, _moe(configs, **grouped), 2)
+    configs = tiny_configs(tmp_path / "ep1", 5, load=str(source), fsdp_strategy="optim", **layout)
+    resumed = _run(run_distributed, _moe(configs, **experts), 2)
     assert resumed["resumed_from"] == 2
     torch.testing.assert_close(_losses(resumed)[2:], _losses(whole)[2:], rtol=1e-4, atol=0)
     _assert_same_training(resumed, whole)
+    at_4 = checkpoint_at(tmp_path / "ep1" / "checkpoints", 4, tmp_path / "at-4")
+    again = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), 2, **experts), 4
+    )
+    assert again["resumed_from"] == 4 and again["iterations_run"] == 1
+    torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
+    _assert_same_training(again, whole)
 
 
 @pytest.mark.parametrize(
