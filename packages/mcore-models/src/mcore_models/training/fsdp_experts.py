@@ -57,47 +57,33 @@ class ExpertCheckpointNames:
 
     def to_global(self, name: str, value):
         """``(global name, value)``: renumbered or, for a stacked tensor, its slice of the global stack."""
-        layer = self._layer(name)
-        if layer is None:
-            return name, value
-        rest = name[len(layer.prefix) :]
-        if rest.startswith(_LOCAL_EXPERTS):
-            index, _, tail = rest[len(_LOCAL_EXPERTS) :].partition(".")
-            return f"{layer.prefix}{_LOCAL_EXPERTS}{int(index) + layer.first}.{tail}", value
-        if not isinstance(value, DTensor):
-            return name, value
-        shape = torch.Size((value.shape[0] * self.mesh.size(0), *value.shape[1:]))
-        stacked = DTensor.from_local(
-            value.to_local(),
-            self.mesh,
-            [Shard(0), *value.placements],
-            run_check=False,
-            shape=shape,
-            stride=torch.empty(shape, device="meta").stride(),
-        )
-        return name, stacked
+        return self._convert(name, value, to_global=True)
 
     def to_local(self, name: str, value):
         """The inverse of ``to_global``."""
+        return self._convert(name, value, to_global=False)
+
+    def _convert(self, name: str, value, to_global: bool):
         layer = self._layer(name)
         if layer is None:
             return name, value
         rest = name[len(layer.prefix) :]
         if rest.startswith(_LOCAL_EXPERTS):
             index, _, tail = rest[len(_LOCAL_EXPERTS) :].partition(".")
-            return f"{layer.prefix}{_LOCAL_EXPERTS}{int(index) - layer.first}.{tail}", value
+            shift = layer.first if to_global else -layer.first
+            return f"{layer.prefix}{_LOCAL_EXPERTS}{int(index) + shift}.{tail}", value
         if not isinstance(value, DTensor):
             return name, value
-        shape = torch.Size((value.shape[0] // self.mesh.size(0), *value.shape[1:]))
-        local = DTensor.from_local(
-            value.to_local(),
-            self.expert_dp_mesh,
-            value.placements[1:],
-            run_check=False,
-            shape=shape,
-            stride=torch.empty(shape, device="meta").stride(),
+        ep = self.mesh.size(0)
+        if to_global:
+            rows, mesh, placements = value.shape[0] * ep, self.mesh, [Shard(0), *value.placements]
+        else:
+            rows, mesh, placements = value.shape[0] // ep, self.expert_dp_mesh, value.placements[1:]
+        shape = torch.Size((rows, *value.shape[1:]))
+        stride = torch.empty(shape, device="meta").stride()
+        return name, DTensor.from_local(
+            value.to_local(), mesh, placements, run_check=False, shape=shape, stride=stride
         )
-        return name, local
 
 
 def _expert_mesh(ep_group: dist.ProcessGroup, expert_dp_group: dist.ProcessGroup) -> DeviceMesh:
