@@ -21,6 +21,8 @@ from torch import nn
         ("bad_precision", "param_dtype must be"),
         ("outer_optim_on_1d_mesh", "needs a 2-D (replicate, shard) mesh"),
         ("expert_mesh_without_predicate", "must be given together"),
+        ("divide_factor_without_experts", "expert_gradient_divide_factor needs expert_parameters"),
+        ("negative_divide_factor", "expert_gradient_divide_factor must be a positive number"),
         ("not_a_mesh", "must be a DeviceMesh, a ProcessGroup"),
     ],
 )
@@ -36,6 +38,13 @@ def test_bad_arguments_fail_fast(run_distributed, tiny, rank0_error, case, messa
         "bad_precision": lambda: fully_shard(tiny.Net(), precision=MixedPrecision(param_dtype=torch.int8)),
         "outer_optim_on_1d_mesh": lambda: fully_shard(tiny.Net(), mesh=(2,), outer_strategy="optim"),
         "expert_mesh_without_predicate": lambda: fully_shard(tiny.Net(), expert_mesh=(2,)),
+        "divide_factor_without_experts": lambda: fully_shard(tiny.Net(), expert_gradient_divide_factor=2),
+        "negative_divide_factor": lambda: fully_shard(
+            tiny.Net(),
+            expert_parameters=lambda n, p: True,
+            expert_mesh=(2,),
+            expert_gradient_divide_factor=-1,
+        ),
         "not_a_mesh": lambda: fully_shard(tiny.Net(), mesh="cpu"),
     }
     error = run_distributed(rank0_error, 2, calls[case], timeout=20)[0]

@@ -31,7 +31,8 @@ def _losses(report):
 
 
 def _final_checkpoint(report) -> dict[str, torch.Tensor]:
-    """Every model tensor of the run's final checkpoint, whole (read on this one process)."""
+    """Every model tensor of the run's final checkpoint, whole (read on this one process); an
+    FSDP checkpoint's nested ``model`` dict is flattened to the same ``model.<name>`` keys."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -43,6 +44,8 @@ def _final_checkpoint(report) -> dict[str, torch.Tensor]:
         planner=_EmptyStateDictLoadPlanner(),
         no_dist=True,
     )
+    nested = state.pop("model", {})
+    state |= {f"model.{name}": value for name, value in nested.items()}
     return {k: v for k, v in state.items() if k.startswith("model.")}
 
 
@@ -135,6 +138,46 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
     torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
+def test_fsdp_ep2_on_four_ranks_trains_like_ep1(grouped, run_distributed, tiny_configs, tmp_path):
+    """mcore-fsdp shards experts over the expert-data-parallel group (EP = 2 x expert-DP = 2, dense
+    DP = 4); the final checkpoint names experts globally, so it compares with one process's."""
+    pytest.importorskip("mcore_fsdp")
+    extra = dict(moe_grouped_gemm=grouped)
+    layout = dict(sample_tokens=4, global_batch=8)
+    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout), **extra), 1)
+    configs = tiny_configs(tmp_path / "fsdp-ep2", 3, fsdp=True, **layout)
+    report = _run(run_distributed, _moe(configs, 2, **extra), 4)
+    assert "EP=2 DP=4 FSDP(optim_grads_params)" in report["layout"]
+    assert report["parameters"] == oracle["parameters"]
+    assert report["sample"] == oracle["sample"]
+    _assert_same_training(report, oracle)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
+def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
+    grouped, run_distributed, tiny_configs, checkpoint_at, tmp_path
+):
+    """FSDP at EP = 2 x expert-DP = 2 -> FSDP at EP = 1 on 2 ranks (another strategy) at iteration
+    2 -> EP = 2 again at iteration 4, each with the uninterrupted run's losses."""
+    pytest.importorskip("mcore_fsdp")
+    experts, layout = dict(moe_grouped_gemm=grouped), dict(global_batch=8, fsdp=True, save_interval=2)
+    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 5, **layout), 2, **experts), 4)
+    source = checkpoint_at(tmp_path / "ep2" / "checkpoints", 2, tmp_path / "at-2")
+    configs = tiny_configs(tmp_path / "ep1", 5, load=str(source), fsdp_strategy="optim", **layout)
+    resumed = _run(run_distributed, _moe(configs, **experts), 2)
+    assert resumed["resumed_from"] == 2
+    torch.testing.assert_close(_losses(resumed)[2:], _losses(whole)[2:], rtol=1e-4, atol=0)
+    _assert_same_training(resumed, whole)
+    at_4 = checkpoint_at(tmp_path / "ep1" / "checkpoints", 4, tmp_path / "at-4")
+    again = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), 2, **experts), 4
+    )
+    assert again["resumed_from"] == 4 and again["iterations_run"] == 1
+    torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
+    _assert_same_training(again, whole)
+
+
 @pytest.mark.parametrize(
     "world, argv, fields",
     [
@@ -144,10 +187,9 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
             ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "4"],
             "expert_model_parallel_size, nproc_per_node",
         ),
-        (2, ["--fsdp"], "expert_model_parallel_size, fsdp"),
         (2, ["--export-hf", "hf"], "expert_model_parallel_size, export_hf"),
     ],
-    ids=["experts-not-divisible", "ep-does-not-divide-dp", "fsdp", "export-hf"],
+    ids=["experts-not-divisible", "ep-does-not-divide-dp", "export-hf"],
 )
 def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world, argv, fields):
     base = ["--num-moe-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2"]

@@ -53,7 +53,7 @@ class GroupConfig:
     reduce_dtype: torch.dtype
     fp32_accumulate_reduce_scatter: bool
     offload: bool
-    grad_divisor: int
+    grad_divisor: float
     expert: bool = False
 
 

@@ -134,6 +134,7 @@ def fully_shard(
     precision: MixedPrecision | None = None,
     expert_parameters: ExpertPredicate | None = None,
     expert_mesh: MeshLike = None,
+    expert_gradient_divide_factor: float | None = None,
     init_fn: Callable[[nn.Module], None] | None = None,
     offload_optimizer: bool = False,
     prefetch: bool = True,
@@ -160,7 +161,14 @@ def fully_shard(
         precision: compute and gradient-communication dtypes; main parameters are FP32.
         expert_parameters: ``(name, param) -> bool`` marking expert parameters (names relative to
             ``module``); they shard over ``expert_mesh`` (the expert-data-parallel group), the
-            rest over ``mesh``.
+            rest over ``mesh``. Their state-dict entries are DTensors over ``expert_mesh`` under
+            the model's own names: where expert-parallel ranks hold different experts under one
+            name, rename them (e.g. by global expert index) before ``torch.distributed.checkpoint``.
+        expert_gradient_divide_factor: what the expert gradients' sum over ``expert_mesh`` is
+            divided by; ``None``: its size (an average over the ranks holding the same experts).
+            With expert parallelism, whose token exchange brings every data-parallel rank's tokens
+            to the experts, pass the data-parallel size (dense and expert gradients then share one
+            scale, as Megatron's DDP and torchtitan's FSDP2 set it).
         init_fn: materializes parameters created on the ``meta`` device, called with ``module``.
         offload_optimizer: keep main parameters, main gradients (and so optimizer state) on CPU.
         prefetch: issue the next unit's all-gather early, in forward and in backward.
@@ -189,6 +197,7 @@ def fully_shard(
         )
     if (expert_parameters is None) != (expert_mesh is None):
         raise FSDPConfigError("expert_parameters and expert_mesh must be given together")
+    _check_divide_factor(expert_gradient_divide_factor, expert_mesh)
     plan = units.plan_units(module, units.check_unit_classes(unit_classes))
     for name, unit in plan.adopted.items():
         settings.check_same_as(unit.settings, f"{name!r} ({unit.module_class.__name__})")
@@ -199,6 +208,7 @@ def fully_shard(
         resolve_topology(mesh),
         resolve_topology(expert_mesh) if expert_mesh is not None else None,
         expert_parameters,
+        expert_gradient_divide_factor,
     )
     if init_fn is not None:
         init_fn(module)
@@ -231,6 +241,17 @@ def _check_meta(module: nn.Module, init_fn, plan: units.UnitPlan) -> None:
                 f"{len(meta)} parameters are on the meta device (first: {meta[0]!r}); pass init_fn "
                 "to materialize them, e.g. init_fn=lambda m: (m.to_empty(device=...), m.reset_parameters())"
             )
+
+
+def _check_divide_factor(factor, expert_mesh: MeshLike) -> None:
+    if factor is None:
+        return
+    if expert_mesh is None:
+        raise FSDPConfigError("expert_gradient_divide_factor needs expert_parameters and expert_mesh")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise FSDPConfigError(
+            f"expert_gradient_divide_factor must be a positive number or None; got {factor!r}"
+        )
 
 
 def _move_buffers(module: nn.Module, device: torch.device) -> None:

@@ -3,7 +3,8 @@ can load what any other saved), gathered full tensors for export, and loading of
 
 The flat buffers shard the concatenation of a unit's parameters, which no DTensor placement
 describes; a state dict therefore re-lays each parameter out as ``Shard(0)`` over the shard mesh
-dimension (``torch.chunk`` rows), with one all-gather per flat group.
+dimension (``torch.chunk`` rows), with one all-gather per flat group. Expert parameters' DTensors
+live on the expert mesh.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ class LoadResult(NamedTuple):
 
 def named_slots(module: nn.Module) -> dict[str, tuple[FlatParamGroup, ParamSlot]]:
     """Every name a sharded parameter is registered under in ``module`` (relative to it, in
-    ``state_dict`` order), with its flat group and slot; expert groups are refused (not
-    checkpointable yet)."""
+    ``state_dict`` order), with its flat group and slot."""
     owned: dict[int, list] = {}
     for group in module._fsdp_state.groups:
         for slot in group.slots:
@@ -38,12 +38,6 @@ def named_slots(module: nn.Module) -> dict[str, tuple[FlatParamGroup, ParamSlot]
     for path, submodule in module.named_modules(remove_duplicate=False):
         for attribute, group, slot in owned.get(id(submodule), ()):
             named[f"{path}.{attribute}" if path else attribute] = (group, slot)
-    experts = [name for name, (group, _) in named.items() if group.config.expert]
-    if experts:
-        raise NotImplementedError(
-            f"state dicts of expert parameters (e.g. {experts[0]!r}) are not supported yet: expert-parallel "
-            "ranks hold different experts under the same name"
-        )
     return named
 
 

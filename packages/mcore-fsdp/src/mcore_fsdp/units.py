@@ -165,11 +165,13 @@ def _owned_params(root: nn.Module, plan: UnitPlan) -> dict[int, list]:
 @dataclass(frozen=True)
 class Topologies:
     """Where the new units' parameters shard: ``dense`` for most, ``expert`` for those the
-    ``expert_parameters`` predicate (names relative to the call's module) marks."""
+    ``expert_parameters`` predicate (names relative to the call's module) marks, whose gradient
+    sum is divided by ``expert_divide_factor`` (``None``: the expert mesh's size)."""
 
     dense: ShardingTopology
     expert: ShardingTopology | None = None
     expert_parameters: ExpertPredicate | None = None
+    expert_divide_factor: float | None = None
 
 
 def build_units(
@@ -208,6 +210,9 @@ def _group_config(
     precision = settings.precision
     compute = precision.param_dtype or dtype
     family = topologies.expert if is_expert else topologies.dense
+    divisor = family.shard_size * family.replicate_size
+    if is_expert and topologies.expert_divide_factor is not None:
+        divisor = topologies.expert_divide_factor
     return GroupConfig(
         topology=family,
         strategy=settings.strategy,
@@ -216,7 +221,7 @@ def _group_config(
         reduce_dtype=precision.reduce_dtype or compute,
         fp32_accumulate_reduce_scatter=precision.fp32_accumulate_reduce_scatter,
         offload=settings.offload_optimizer,
-        grad_divisor=family.shard_size * family.replicate_size,
+        grad_divisor=divisor,
         expert=is_expert,
     )
 

@@ -4,19 +4,25 @@ The ``GPTModel`` is sharded with ``mcore_fsdp.fully_shard`` over the data-parall
 ``TransformerLayer`` a sharding unit (embedding and output layer form the root unit). Adam/AdamW
 runs on the FP32 main-parameter shards and clips with the model's ``clip_grad_norm_``; checkpoints
 are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
-ranks and any strategy. ``mcore_fsdp`` is imported only here, only when ``--fsdp`` is given.
+ranks and any strategy. With expert parallelism the experts shard over the expert-data-parallel
+group, their gradients scaled as DDP scales them, and checkpoints name them globally (see
+``fsdp_experts``), so any expert-parallel size loads them. ``mcore_fsdp`` is imported only here,
+only when ``--fsdp`` is given.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from mcore_parallel import (
     ConfigError,
     OptimizerConfig,
     ProcessGroupCollection,
     build_adam_optimizer,
+    get_group_device,
     model_parallel_manual_seed,
 )
 
@@ -24,6 +30,7 @@ from ..models.gpt.model import GPTModel
 from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
 from .extras import import_extra
+from .fsdp_experts import ExpertCheckpointNames
 from .model_setup import TrainModel
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -77,6 +84,14 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
         )
 
 
+@dataclass
+class FSDPTrainModel(TrainModel):
+    """A ``TrainModel`` whose ``ddp`` is the sharded model; ``expert_names`` (with expert
+    parallelism) names its experts globally in checkpoints."""
+
+    expert_names: ExpertCheckpointNames | None = None
+
+
 def build_fsdp_train_model(
     config: TrainModelConfig,
     vocab_size: int,
@@ -84,10 +99,11 @@ def build_fsdp_train_model(
     strategy: str,
     seed: int,
     offload_optimizer: bool = False,
-) -> TrainModel:
+) -> FSDPTrainModel:
     """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at TP = PP = 1), sharded;
     with ``offload_optimizer`` its FP32 main parameters, gradients and so the optimizer state live
-    on the CPU.
+    on the CPU. With expert parallelism the experts shard over ``groups.expert_dp`` and their
+    gradients are divided by the data-parallel size, as DDP divides them.
 
     ``TrainModel.ddp`` is the sharded model itself: its ``no_sync`` is what the schedule uses.
     """
@@ -100,15 +116,26 @@ def build_fsdp_train_model(
         None if dtype == torch.float32 else MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32)
     )
     # context-parallel ranks hold replicas too: shard over them as over data-parallel ranks
+    mesh = groups.dp_cp if model.cp_group is not None else groups.dp
+    experts, names = {}, None
+    if groups.ep is not None and dist.get_world_size(groups.ep) > 1:
+        # the expert-parallel exchange brings every data-parallel rank's tokens to the experts
+        experts = dict(
+            expert_parameters=lambda name, param: getattr(param, "expert_parallel", False),
+            expert_mesh=groups.expert_dp,
+            expert_gradient_divide_factor=dist.get_world_size(mesh),
+        )
+        names = ExpertCheckpointNames(model, groups.ep, groups.expert_dp)
     fully_shard(
         model,
-        mesh=groups.dp_cp if model.cp_group is not None else groups.dp,
+        mesh=mesh,
         unit_classes=(TransformerLayer,),
         strategy=strategy,
         precision=precision,
         offload_optimizer=offload_optimizer,
+        **experts,
     )
-    return TrainModel([model], torch.nn.ModuleList([model]), model)
+    return FSDPTrainModel([model], torch.nn.ModuleList([model]), model, names)
 
 
 class FSDPOptimizer:
@@ -133,26 +160,76 @@ class FSDPOptimizer:
         return float(norm)
 
 
-def fsdp_checkpoint_state(model: TrainModel, optimizer: FSDPOptimizer, with_optimizer: bool = True) -> dict:
+def _renamed(entries: dict, convert) -> dict:
+    """``entries`` (name -> tensor, or name -> dict of tensors) with ``convert(name, value)`` applied."""
+    result = {}
+    for name, value in entries.items():
+        if isinstance(value, dict):
+            new_name = convert(name, None)[0]
+            result[new_name] = {key: convert(name, item)[1] for key, item in value.items()}
+        else:
+            new_name, result_value = convert(name, value)
+            result[new_name] = result_value
+    return result
+
+
+def fsdp_checkpoint_state(
+    model: FSDPTrainModel, optimizer: FSDPOptimizer, with_optimizer: bool = True
+) -> dict:
     """``{"model": DTensor state dict, "optimizer": optimizer_state_dict}`` for ``torch.distributed.checkpoint``
-    (collective)."""
+    (collective), experts named globally."""
     from mcore_fsdp import optimizer_state_dict
 
-    sharded = model.chunks[0]
+    sharded, names = model.chunks[0], model.expert_names
     state = {"model": sharded.state_dict()}
     if with_optimizer:
         state["optimizer"] = optimizer_state_dict(sharded, optimizer.optimizer)
+    if names is not None:
+        state["model"] = _renamed(state["model"], names.to_global)
+        if with_optimizer:
+            optim = state["optimizer"]
+            optim["state"] = _renamed(optim["state"], names.to_global)
+            for group in optim["param_groups"]:
+                group["params"] = [names.to_global(name, None)[0] for name in group["params"]]
     return state
 
 
-def load_fsdp_checkpoint_state(model: TrainModel, optimizer: FSDPOptimizer, state: dict) -> None:
-    """Load what ``DistributedCheckpointer.load`` filled into ``fsdp_checkpoint_state``'s dict."""
+def load_fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, state: dict) -> None:
+    """Load what ``DistributedCheckpointer.load`` filled into ``fsdp_checkpoint_state``'s dict.
+
+    The optimizer's parameter groups take their settings from the checkpoint and their members
+    from this model (an expert-parallel rank saved only its own experts' names)."""
     from mcore_fsdp import load_optimizer_state_dict
 
-    sharded = model.chunks[0]
-    sharded.load_state_dict(state["model"])
+    sharded, names = model.chunks[0], model.expert_names
+    model_state = state["model"] if names is None else _renamed(state["model"], names.to_local)
+    sharded.load_state_dict(model_state)
     if "optimizer" in state:
-        load_optimizer_state_dict(sharded, optimizer.optimizer, state["optimizer"])
+        optim = state["optimizer"]
+        if names is not None:
+            optim = {**optim, "state": _renamed(optim["state"], names.to_local)}
+        # a different number of groups is refused by load_optimizer_state_dict
+        name_of = {id(param): name for name, param in sharded.named_parameters()}
+        members = [[name_of[id(param)] for param in group["params"]] for group in optimizer.param_groups]
+        groups = [
+            {**saved, "params": params} for saved, params in zip(optim["param_groups"], members, strict=False)
+        ]
+        load_optimizer_state_dict(sharded, optimizer.optimizer, {**optim, "param_groups": groups})
+
+
+def fsdp_parameter_count(model: FSDPTrainModel) -> int:
+    """Parameters of the whole model, every expert-parallel rank's experts included (collective)."""
+    sharded, names = model.chunks[0], model.expert_names
+    params = {name for name, _ in sharded.named_parameters()}
+    counts = torch.zeros(2, dtype=torch.float64)  # [dense, experts]
+    for name, value in sharded.state_dict().items():  # DTensors of the global (per-rank expert) shapes
+        if name in params:
+            counts[int(names is not None and names.is_expert(name))] += value.numel()
+    if names is not None:  # each expert-parallel rank holds other experts
+        experts = counts[1:].to(get_group_device(names.ep_group))
+        dist.all_reduce(experts, group=names.ep_group)
+        counts[1] = experts.item()
+    return round(counts.sum().item())
 
 
 def fsdp_full_model(model: TrainModel, config: TrainModelConfig, groups: ProcessGroupCollection) -> GPTModel:

@@ -44,6 +44,7 @@ from .fsdp import (
     check_fsdp_available,
     check_fsdp_layout,
     fsdp_full_model,
+    fsdp_parameter_count,
 )
 from .generation import greedy_generate
 from .lr_schedule import learning_rate
@@ -120,8 +121,7 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
 
 def _check_expert_parallel(configs: TrainConfigs, dp_cp: int) -> None:
     """EP > 1 needs MoE layers, experts that divide over it, EP dividing the ranks of one TP x PP
-    slice (data x context parallel ranks: the expert grid is expert-TP x EP x expert-DP x PP) and
-    no ``--fsdp`` (mcore-train wires expert parallelism into DDP and the distributed optimizer)."""
+    slice (data x context parallel ranks: the expert grid is expert-TP x EP x expert-DP x PP)."""
     model, ep = configs.model, configs.model.expert_model_parallel_size
     if ep == 1:
         return
@@ -141,11 +141,6 @@ def _check_expert_parallel(configs: TrainConfigs, dp_cp: int) -> None:
             ["expert_model_parallel_size", "export_hf"],
             "Hugging Face export needs all experts on one rank: train with expert_model_parallel_size 1, "
             "or convert the checkpoint afterwards",
-        )
-    if configs.training.fsdp:
-        raise ConfigError(
-            ["expert_model_parallel_size", "fsdp"],
-            "mcore-train runs expert parallelism with DDP or the distributed optimizer, not with --fsdp",
         )
 
 
@@ -429,9 +424,8 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
 
 def _count_parameters(model, groups, fsdp: bool = False) -> int:
     """Parameters of the whole model over all shards and stages (collective)."""
-    if fsdp:  # the DTensor state dict has the global shapes
-        names = {name for name, _ in model.chunks[0].named_parameters()}
-        return sum(t.numel() for name, t in model.chunks[0].state_dict().items() if name in names)
+    if fsdp:
+        return fsdp_parameter_count(model)
     tp = dist.get_world_size(groups.tp)
     ep = dist.get_world_size(groups.ep) if groups.ep is not None else 1
     local = sum(

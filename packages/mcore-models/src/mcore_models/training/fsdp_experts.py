@@ -1,0 +1,98 @@
+"""``--fsdp`` with expert parallelism: the sharded model's expert entries under global names.
+
+mcore-fsdp gives expert parameters as DTensors over the expert-data-parallel mesh, under the
+names of this rank's local experts. A checkpoint names them as DDP's does (see
+``checkpointing._global_names``), so any expert-parallel size loads it: ``local_experts.<j>``
+becomes ``local_experts.<first + j>``, and a tensor stacked by expert (``GroupedExperts``) becomes
+this rank's slice of the global stack, a DTensor over the ``(expert, expert-data)`` mesh with
+rows sharded along both (``[Shard(0), Shard(0)]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import get_group_device
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from ..transformer.moe import MoELayer
+
+_LOCAL_EXPERTS = "local_experts."
+
+
+@dataclass(frozen=True)
+class _ExpertPrefix:
+    prefix: str  # the experts module's name in the model, with a trailing dot
+    first: int  # the global index of this rank's first expert
+
+
+class ExpertCheckpointNames:
+    """Maps the expert entries of a sharded ``GPTModel``'s state dicts to global names and back.
+
+    Built on every rank of the model (a collective over ``ep_group``).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, ep_group: dist.ProcessGroup, expert_dp_group: dist.ProcessGroup
+    ):
+        self.layers = [
+            _ExpertPrefix(f"{name}.experts.", layer.local_expert_offset)
+            for name, layer in model.named_modules()
+            if isinstance(layer, MoELayer)
+        ]
+        self.ep_group = ep_group
+        self.mesh = _expert_mesh(ep_group, expert_dp_group)
+        # the 1-D mesh of mcore-fsdp's expert DTensors (any mesh over the group serves)
+        self.expert_dp_mesh = DeviceMesh.from_group(expert_dp_group, self.mesh.device_type)
+
+    def _layer(self, name: str) -> _ExpertPrefix | None:
+        return next((layer for layer in self.layers if name.startswith(layer.prefix)), None)
+
+    def is_expert(self, name: str) -> bool:
+        """Whether ``name`` (a local name) is an expert's."""
+        return self._layer(name) is not None
+
+    def to_global(self, name: str, value):
+        """``(global name, value)``: renumbered or, for a stacked tensor, its slice of the global stack."""
+        return self._convert(name, value, to_global=True)
+
+    def to_local(self, name: str, value):
+        """The inverse of ``to_global``."""
+        return self._convert(name, value, to_global=False)
+
+    def _convert(self, name: str, value, to_global: bool):
+        layer = self._layer(name)
+        if layer is None:
+            return name, value
+        rest = name[len(layer.prefix) :]
+        if rest.startswith(_LOCAL_EXPERTS):
+            index, _, tail = rest[len(_LOCAL_EXPERTS) :].partition(".")
+            shift = layer.first if to_global else -layer.first
+            return f"{layer.prefix}{_LOCAL_EXPERTS}{int(index) + shift}.{tail}", value
+        if not isinstance(value, DTensor):
+            return name, value
+        ep = self.mesh.size(0)
+        if to_global:
+            rows, mesh, placements = value.shape[0] * ep, self.mesh, [Shard(0), *value.placements]
+        else:
+            rows, mesh, placements = value.shape[0] // ep, self.expert_dp_mesh, value.placements[1:]
+        shape = torch.Size((rows, *value.shape[1:]))
+        stride = torch.empty(shape, device="meta").stride()
+        return name, DTensor.from_local(
+            value.to_local(), mesh, placements, run_check=False, shape=shape, stride=stride
+        )
+
+
+def _expert_mesh(ep_group: dist.ProcessGroup, expert_dp_group: dist.ProcessGroup) -> DeviceMesh:
+    """The ``(ep, expert_dp)`` mesh of this rank's expert slice (a collective over ``ep_group``)."""
+    rows = [None] * dist.get_world_size(ep_group)
+    dist.all_gather_object(rows, dist.get_process_group_ranks(expert_dp_group), group=ep_group)
+    return DeviceMesh.from_group(
+        [ep_group, expert_dp_group],
+        get_group_device(ep_group).type,
+        mesh=torch.tensor(rows),
+        mesh_dim_names=("ep", "expert_dp"),
+    )
