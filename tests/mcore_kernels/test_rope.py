@@ -1,5 +1,5 @@
 """``apply_rotary`` and ``rope_cos_sin``: the reference against rotation as complex multiplication,
-the formula's autograd, numerical gradients and mcore-models' rotary embedding; the Triton kernel
+the formula's autograd and numerical gradients; the Triton kernel
 against the reference, forward and backward, under Triton's interpreter on the CPU (float32) and on
 a GPU (``gpu``); argument errors."""
 
@@ -91,35 +91,6 @@ def test_reference_backward_passes_gradcheck(interleaved):
     # tables whose halves differ (the general map, not only rotations): the backward is its transpose
     cos, sin = torch.randn(3, 1, 6, dtype=torch.float64), torch.randn(3, 1, 6, dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda x: apply_rotary(x, cos, sin, interleaved=interleaved), (x,))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_mcore_models_rotary_embedding(dtype):
-    pytest.importorskip("mcore_models")
-    from mcore_models import TransformerConfig
-    from mcore_models.transformer.rope import RotaryEmbedding
-    from mcore_models.transformer.rope import apply_rotary as models_apply_rotary
-
-    config = TransformerConfig(
-        num_layers=1,
-        hidden_size=320,
-        num_attention_heads=4,
-        position_embedding_type="rope",
-        rotary_base=500000.0,
-    )
-    rope = RotaryEmbedding(config)
-    position_ids = torch.arange(2 * 9).view(2, 9) * 37  # [b, s]
-    cos, sin = rope(position_ids)  # [s, b, 1, 80]
-    ours_cos, ours_sin = rope_cos_sin(position_ids.t(), rope_inverse_frequencies(80, 500000.0))
-    torch.testing.assert_close(ours_cos.unsqueeze(2), cos, rtol=0, atol=0)
-    torch.testing.assert_close(ours_sin.unsqueeze(2), sin, rtol=0, atol=0)
-    x = torch.randn(9, 2, 4, 80).to(dtype).requires_grad_()  # [s, b, heads, d]
-    ours, theirs = apply_rotary(x, cos, sin), models_apply_rotary(x, cos, sin)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
-    grad = torch.randn(ours.shape).to(dtype)
-    torch.testing.assert_close(
-        torch.autograd.grad(ours, x, grad)[0], torch.autograd.grad(theirs, x, grad)[0], rtol=0, atol=0
-    )
 
 
 def test_cos_sin_layouts_and_scaling():

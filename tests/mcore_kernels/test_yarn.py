@@ -1,12 +1,11 @@
 """YaRN's tables: hand-computed correction ranges, temperatures and ramps, and agreement with
-mcore-models' YaRN rotary embedding (integer and fractional correction bounds); argument errors."""
+Hugging Face's YaRN (integer and fractional correction bounds); argument errors."""
 
 import math
 
 import pytest
 import torch
 from mcore_kernels import (
-    apply_rotary,
     rope_inverse_frequencies,
     yarn_correction_range,
     yarn_cos_sin,
@@ -70,49 +69,40 @@ def test_cos_sin_carry_the_temperature(interleaved):
 
 
 @pytest.mark.parametrize("round_to_int", [True, False])
-@pytest.mark.parametrize(("mscale", "mscale_all_dim"), [(1.0, 0.0), (0.707, 0.707), (1.0, 0.5)])
-def test_matches_mcore_models_yarn(round_to_int, mscale, mscale_all_dim):
-    pytest.importorskip("mcore_models")
-    from mcore_models import TransformerConfig
-    from mcore_models.transformer import yarn as models_yarn
-    from mcore_models.transformer.rope import apply_rotary as models_apply_rotary
-
-    config = TransformerConfig(
-        num_layers=1,
-        hidden_size=256,
-        num_attention_heads=4,
-        position_embedding_type="yarn",
-        rotary_base=10000.0,
-        yarn_rotary_scaling_factor=40.0,
-        yarn_original_max_position_embeddings=4096,
-        yarn_beta_fast=32.0,
-        yarn_beta_slow=1.0,
-        yarn_mscale=mscale,
-        yarn_mscale_all_dim=mscale_all_dim,
-        yarn_correction_range_round_to_int=round_to_int,
+@pytest.mark.parametrize(("mscale", "mscale_all_dim"), [(None, None), (0.707, 0.707), (1.0, 0.5)])
+def test_matches_hugging_face_yarn(round_to_int, mscale, mscale_all_dim):
+    """Frequencies and temperature of transformers' YaRN (its ``truncate`` is ``round_to_int``;
+    without ``mscale``s it uses ``yarn_mscale(factor)``, ours with ``mscale_all_dim=0``)."""
+    transformers = pytest.importorskip("transformers")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0}
+    parameters |= {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+    parameters |= {"truncate": round_to_int}
+    if mscale is not None:
+        parameters |= {"mscale": mscale, "mscale_all_dim": mscale_all_dim}
+    config = transformers.LlamaConfig(
+        hidden_size=256, num_attention_heads=4, max_position_embeddings=40 * 4096, rope_parameters=parameters
     )
-    assert yarn_correction_range(
-        32.0, 1.0, 64, 10000.0, 4096, round_to_int
-    ) == models_yarn.yarn_correction_range(32.0, 1.0, 64, 10000.0, 4096, round_to_int)
-    rope = models_yarn.YarnRotaryEmbedding(config)
-    position_ids = torch.arange(3 * 50).view(3, 50) * 97  # [b, s], past the original context
-    cos, sin = rope(position_ids)  # [s, b, 1, 64]
-    ours_cos, ours_sin = yarn_cos_sin(
-        position_ids.t(),
+    inv_freq, temperature = rope_utils.ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = yarn_inverse_frequencies(64, 10000.0, 40.0, 4096, 32.0, 1.0, round_to_int)
+    torch.testing.assert_close(ours, inv_freq.float(), rtol=1e-6, atol=0)
+    mscale, mscale_all_dim = (1.0, 0.0) if mscale is None else (mscale, mscale_all_dim)
+    assert yarn_mscale(40.0, mscale) / yarn_mscale(40.0, mscale_all_dim) == pytest.approx(temperature)
+    positions = torch.arange(150) * 97  # past the original context
+    cos, sin = yarn_cos_sin(
+        positions,
         64,
         10000.0,
         40.0,
         4096,
-        beta_fast=32.0,
-        beta_slow=1.0,
         mscale=mscale,
         mscale_all_dim=mscale_all_dim,
         round_to_int=round_to_int,
     )
-    torch.testing.assert_close(ours_cos.unsqueeze(2), cos, rtol=0, atol=0)
-    torch.testing.assert_close(ours_sin.unsqueeze(2), sin, rtol=0, atol=0)
-    x = torch.randn(50, 3, 4, 64)
-    torch.testing.assert_close(apply_rotary(x, cos, sin), models_apply_rotary(x, cos, sin), rtol=0, atol=0)
+    angles = positions[:, None].double() * inv_freq.double()
+    angles = torch.cat((angles, angles), -1)
+    torch.testing.assert_close(cos.double(), angles.cos() * temperature, rtol=0, atol=2e-3)
+    torch.testing.assert_close(sin.double(), angles.sin() * temperature, rtol=0, atol=2e-3)
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
+from mcore_kernels import rope_inverse_frequencies, yarn_inverse_frequencies, yarn_mscale
 from mcore_models.transformer.attention_mask import allowed_keys
 from mcore_models.transformer.core_attention import sink_softmax
-from mcore_models.transformer.rope import llama3_scaled_frequencies, rope_inverse_frequencies
-from mcore_models.transformer.yarn import yarn_inverse_frequencies, yarn_mscale
+from mcore_models.transformer.rope import llama3_scaled_frequencies
 
 
 def test_off_by_one_softmax_by_hand():

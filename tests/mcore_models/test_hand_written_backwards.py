@@ -1,14 +1,14 @@
-"""Hand-written backwards (RoPE, RMSNorm, SwiGLU) and the fused attention's batch-in-heads layout
-against autograd of the plain formulas: bit for bit in float32 (RMSNorm also in bfloat16), plus
+"""The ops the models run with hand-written backwards (mcore-kernels' RoPE, RMSNorm and SwiGLU on the
+CPU) and the fused attention's batch-in-heads layout against autograd of the plain formulas: bit for bit in float32 (RMSNorm also in bfloat16), plus
 ``gradcheck`` in float64 where the computation is in float64."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from mcore_kernels import apply_rotary
 from mcore_models import TransformerConfig
 from mcore_models.transformer.activations import activation_function
 from mcore_models.transformer.norm import RMSNorm
-from mcore_models.transformer.rope import apply_rotary
 from mcore_testing.peers import rms_norm_rounds_once
 
 

@@ -1,6 +1,8 @@
 """MLP activations in plain PyTorch: the numerical oracle of the Triton kernels and the path every
 non-CUDA tensor takes, with a hand-written backward that recomputes from the saved input (autograd
-of the formula would keep the activated gate and the clamped halves as well).
+of the formula would keep the activated gate and the clamped halves as well). It runs the
+operations autograd of the plain formula would, in the same order (torch's own SiLU and GELU and
+their backwards), so that in float32 both agree bit for bit.
 
 Inputs are rows ``x [M, K]``. A gated activation splits each row into a gate and a linear half,
 either as the two halves ``[gate, up]`` of the row (``interleaved=False``, mcore's layout) or as
@@ -18,10 +20,10 @@ at a bound instead).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 # The activations of the gate (or of the whole input, for plain ones).
 KINDS = ("silu", "gelu", "quick_gelu", "squared_relu")
@@ -44,20 +46,28 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensor.dtype, torch.float32)
 
 
-def _value_and_slope(x: torch.Tensor, spec: ActivationSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """``act(x)`` and ``act'(x)``."""
+def _value(x: torch.Tensor, spec: ActivationSpec) -> torch.Tensor:
+    """``act(x)``, with torch's own SiLU and GELU."""
     if spec.kind == "silu":
-        s = torch.sigmoid(x)
-        return x * s, s * (1 + x * (1 - s))
+        return F.silu(x)
     if spec.kind == "gelu":
-        cdf = 0.5 * (1 + torch.erf(x * (1 / math.sqrt(2))))
-        pdf = torch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-        return x * cdf, cdf + x * pdf
+        return F.gelu(x)
+    if spec.kind == "quick_gelu":
+        return x * torch.sigmoid(spec.alpha * x)
+    return F.relu(x).square()  # squared_relu
+
+
+def _input_gradient(grad: torch.Tensor, x: torch.Tensor, spec: ActivationSpec) -> torch.Tensor:
+    """``grad * act'(x)`` in the operations autograd runs through ``_value`` (torch's SiLU and GELU
+    backwards), so that in float32 it equals, bit for bit, the gradient of the plain formula."""
+    if spec.kind == "silu":
+        return torch.ops.aten.silu_backward(grad, x)
+    if spec.kind == "gelu":
+        return torch.ops.aten.gelu_backward(grad, x)
     if spec.kind == "quick_gelu":
         s = torch.sigmoid(spec.alpha * x)
-        return x * s, s + spec.alpha * x * s * (1 - s)
-    positive = x.clamp(min=0)  # squared_relu
-    return positive * positive, 2 * positive
+        return grad * s + torch.ops.aten.sigmoid_backward(grad * x, s) * spec.alpha
+    return grad * (2 * x.clamp(min=0))  # squared_relu
 
 
 def _halves(x: torch.Tensor, spec: ActivationSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,9 +89,9 @@ def activation_forward(x: torch.Tensor, probs: torch.Tensor | None, spec: Activa
     xf = x.to(_compute_dtype(x))
     if spec.gated:
         gate, up, _, _ = _clamped(*_halves(xf, spec), spec)
-        out = _value_and_slope(gate, spec)[0] * (up + spec.offset)
+        out = _value(gate, spec) * (up + spec.offset)
     else:
-        out = _value_and_slope(xf, spec)[0]
+        out = _value(xf, spec)
     if probs is not None:
         out = out * probs.to(out.dtype).unsqueeze(-1)
     return out.to(x.dtype)
@@ -95,14 +105,13 @@ def activation_backward(
     dof = dout.to(xf.dtype)
     weighted = dof if probs is None else dof * probs.to(xf.dtype).unsqueeze(-1)
     if not spec.gated:
-        value, slope = _value_and_slope(xf, spec)
-        dx = weighted * slope
-        dprobs = None if probs is None else (dof * value).sum(-1)
-        return dx.to(x.dtype), None if dprobs is None else dprobs.to(probs.dtype)
+        dx = _input_gradient(weighted, xf, spec)
+        dprobs = None if probs is None else (dof * _value(xf, spec)).sum(-1).to(probs.dtype)
+        return dx.to(x.dtype), dprobs
     gate, up, gate_passes, up_passes = _clamped(*_halves(xf, spec), spec)
-    value, slope = _value_and_slope(gate, spec)
+    value = _value(gate, spec)
     linear = up + spec.offset
-    dgate = weighted * linear * slope
+    dgate = _input_gradient(weighted * linear, gate, spec)
     dup = weighted * value
     if gate_passes is not None:
         dgate = dgate * gate_passes
@@ -111,5 +120,5 @@ def activation_backward(
     dx_gate, dx_up = _halves(dx, spec)
     dx_gate.copy_(dgate)
     dx_up.copy_(dup)
-    dprobs = None if probs is None else (dof * value * linear).sum(-1).to(probs.dtype)
+    dprobs = None if probs is None else (dof * (value * linear)).sum(-1).to(probs.dtype)
     return dx.to(x.dtype), dprobs

@@ -36,7 +36,7 @@ class _ActivationFunction(torch.autograd.Function):
         rows, weights = ctx.saved_tensors
         spec, backend, shape, probs_shape = ctx.options
         dx, dprobs = _backend(backend).activation_backward(
-            dout.reshape(rows.shape[0], -1).contiguous(), rows, weights, spec
+            dout.reshape(rows.shape[0], dout.shape[-1]).contiguous(), rows, weights, spec
         )
         return dx.view(shape), None if dprobs is None else dprobs.view(probs_shape), None, None
 

@@ -46,6 +46,15 @@ def norm_forward(
     return y.to(x.dtype), h, mean, rstd
 
 
+def _rms_input_gradient(dnormed: torch.Tensor, h: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's ``dh`` in the operations and order autograd runs through ``h * rsqrt(mean(h^2) +
+    eps)``: ``d rsqrt(v) = -0.5 rstd^3 dv`` and ``d mean(h^2) = 2h / N``, so that in float32 it
+    equals, bit for bit, the gradient of ``torch.nn.functional.rms_norm``."""
+    grad_rstd = (dnormed * h).sum(-1, keepdim=True)
+    grad_mean = -0.5 * grad_rstd * rstd.pow(3) / h.shape[-1]
+    return dnormed * rstd + h * (2.0 * grad_mean)
+
+
 def norm_backward(
     dy: torch.Tensor,
     dh_out: torch.Tensor | None,
@@ -62,10 +71,10 @@ def norm_backward(
     dyf = dy.to(_compute_dtype(dy))
     normed = (h.to(dyf.dtype) - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
     dnormed = dyf * _gamma(weight, zero_centered_gamma)
-    projection = (dnormed * normed).mean(-1, keepdim=True)
     if rms:
-        dh = rstd.unsqueeze(-1) * (dnormed - normed * projection)
+        dh = _rms_input_gradient(dnormed, h.to(dyf.dtype), rstd.unsqueeze(-1))
     else:
+        projection = (dnormed * normed).mean(-1, keepdim=True)
         dh = rstd.unsqueeze(-1) * (dnormed - dnormed.mean(-1, keepdim=True) - normed * projection)
     if dh_out is not None:
         dh = dh + dh_out.to(dh.dtype)

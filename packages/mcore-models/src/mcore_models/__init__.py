@@ -2,8 +2,8 @@
 ``mcore_models.transformer.moe``), Hugging Face checkpoint import/export, datasets and tokenizers
 (``mcore_models.data``), the ``mcore-train`` training loop (``mcore_models.training``), and
 context parallelism (``split_batch``, ``context_parallel_attention``, ``gather_sequence``).
-Mamba/hybrid models and the models' use of mcore-kernels' fused ops are planned, not in this
-release."""
+Norms, MLP activations and rotary embedding run mcore-kernels' fused ops. Mamba/hybrid models are
+planned, not in this release."""
 
 from importlib.metadata import version as _version
 

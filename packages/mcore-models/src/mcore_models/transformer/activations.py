@@ -1,86 +1,46 @@
-"""MLP activations, plain and gated (``act(gate) * up`` on the two halves of fc1's output)."""
+"""MLP activations, plain and gated (``act(gate) * up`` on the two halves of fc1's output). The gated
+ones and squared ReLU are mcore-kernels' fused ops (their Triton kernels on CUDA); the other plain
+ones are torch's."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+import mcore_kernels
 import torch
 import torch.nn.functional as F
 
 from ..config.transformer_config import TransformerConfig
 
+Activation = Callable[..., torch.Tensor]
 
-def squared_relu(x: torch.Tensor) -> torch.Tensor:
-    """``relu(x) ** 2``."""
-    return F.relu(x).square()
-
-
-def quick_gelu(x: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
-    """``x * sigmoid(alpha * x)``."""
-    return x * torch.sigmoid(alpha * x)
-
-
-_PLAIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+_TORCH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
-    "squared_relu": squared_relu,
     "silu": F.silu,
 }
 
 
-class _SwiGLU(torch.autograd.Function):
-    """``silu(gate) * up`` on the last-dim halves ``[gate, up]``. The backward writes both halves'
-    gradients into one tensor, where autograd of ``chunk`` would ``cat`` them (one more pass and
-    allocation of fc1's output size); the values are the same."""
-
-    @staticmethod
-    def forward(ctx, x):
-        gate, up = x.chunk(2, dim=-1)
-        activated = F.silu(gate)
-        ctx.save_for_backward(x, activated)
-        return activated * up
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, activated = ctx.saved_tensors
-        gate, up = x.chunk(2, dim=-1)
-        grad_x = torch.empty_like(x)
-        grad_gate, grad_up = grad_x.chunk(2, dim=-1)
-        torch.mul(grad, up, out=grad_gate)
-        torch.ops.aten.silu_backward.grad_input(grad_gate, gate, grad_input=grad_gate)
-        torch.mul(grad, activated, out=grad_up)
-        return grad_x
+def _fused(config: TransformerConfig) -> Activation | None:
+    """mcore-kernels' op for ``config`` as ``f(x, probs=None)``, or ``None`` for torch's plain ones."""
+    if config.activation == "squared_relu":
+        return mcore_kernels.squared_relu
+    if not config.gated_linear_unit:
+        return None
+    options = {"offset": config.glu_linear_offset, "clamp": config.activation_clamp_value}
+    if config.activation == "swiglu":
+        return functools.partial(mcore_kernels.swiglu, **options)
+    if config.activation == "geglu":
+        return functools.partial(mcore_kernels.geglu, **options)
+    return functools.partial(mcore_kernels.quick_geglu, alpha=config.quick_gelu_alpha, **options)
 
 
 def activation_function(config: TransformerConfig) -> Callable[[torch.Tensor], torch.Tensor]:
     """The function applied to fc1's output: plain, or gated over its last-dim halves ``[gate, up]``."""
-    if not config.gated_linear_unit:
-        return _PLAIN[config.activation]
-    offset, clamp = config.glu_linear_offset, config.activation_clamp_value
-    if config.activation == "swiglu" and not offset and clamp is None:
-        return _SwiGLU.apply
-    gate_fn: Callable[[torch.Tensor], torch.Tensor]
-    if config.activation == "swiglu":
-        gate_fn = F.silu
-    elif config.activation == "geglu":
-        gate_fn = F.gelu
-    else:
-        alpha = config.quick_gelu_alpha
-
-        def gate_fn(x: torch.Tensor) -> torch.Tensor:
-            return quick_gelu(x, alpha)
-
-    def gated(x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        if clamp is not None:
-            gate = gate.clamp(max=clamp)
-            up = up.clamp(-clamp, clamp)
-        if offset:
-            up = up + offset
-        return gate_fn(gate) * up
-
-    return gated
+    fused = _fused(config)
+    return _TORCH[config.activation] if fused is None else fused
 
 
 def weighted_activation_function(
@@ -91,13 +51,15 @@ def weighted_activation_function(
     probability), so the probability is applied inside the expert, before fc2: weighted SwiGLU,
     weighted squared ReLU, weighted quick-GeGLU (GPT-OSS's clamped one included) and so on. Without
     an fc2 bias, ``fc2(act(x) * p) == fc2(act(x)) * p``: the same as weighting the expert's output."""
-    act = activation_function(config)
+    fused = _fused(config)
 
     def weighted(x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         if probs.shape != x.shape[:-1]:
             raise ValueError(
                 f"probs must have shape {tuple(x.shape[:-1])} (one per row), got {tuple(probs.shape)}"
             )
-        return act(x) * probs.to(x.dtype).unsqueeze(-1)
+        if fused is None:
+            return _TORCH[config.activation](x) * probs.to(x.dtype).unsqueeze(-1)
+        return fused(x, probs)
 
     return weighted

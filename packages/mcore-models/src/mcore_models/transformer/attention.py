@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mcore_kernels import apply_rotary
 from mcore_parallel import checkpoint
 
 from ..config.transformer_config import TransformerConfig
 from .inference_context import InferenceContext
 from .init import init_method, output_init_method
-from .rope import apply_rotary
 from .spec import build_module
 
 

@@ -1,17 +1,14 @@
-"""Rotary position embedding: inverse frequencies (plain, linear- or llama3-scaled) and their use."""
+"""Rotary position embedding: inverse frequencies (plain, linear- or llama3-scaled) and the cos/sin
+tables mcore-kernels' ``apply_rotary`` rotates queries and keys by."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from mcore_kernels import rope_cos_sin, rope_inverse_frequencies
 
 from ..config.transformer_config import TransformerConfig
-
-
-def rope_inverse_frequencies(dim: int, base: float) -> torch.Tensor:
-    """``base ** (-2i / dim)`` for ``i < dim / 2``, float32."""
-    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
 
 
 def llama3_scaled_frequencies(
@@ -59,44 +56,5 @@ class RotaryEmbedding(torch.nn.Module):
         return 1.0
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = position_ids.t().unsqueeze(-1).float() * self.inv_freq.to(position_ids.device)  # [s, b, d/2]
-        angles = torch.cat((angles, angles), dim=-1).unsqueeze(2)
-        return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transpose: bool) -> torch.Tensor:
-    """``x * cos + [-x2 * sin1, x1 * sin2]`` in float32 (``x = [x1, x2]``, ``sin = [sin1, sin2]``), or
-    with ``transpose`` the transposed map ``x * cos + [x2 * sin2, -x1 * sin1]``; halves updated in place."""
-    x = x.float()
-    out = x * cos
-    first, second = x.chunk(2, dim=-1)
-    sin_first, sin_second = sin.chunk(2, dim=-1)
-    out_first, out_second = out.chunk(2, dim=-1)
-    if transpose:
-        out_first.add_(second * sin_second)
-        out_second.sub_(first * sin_first)
-    else:
-        out_first.sub_(second * sin_first)
-        out_second.add_(first * sin_second)
-    return out
-
-
-class _ApplyRotary(torch.autograd.Function):
-    """The rotation with its transpose as the backward: no ``cat`` or ``neg``, three passes over ``x``
-    each way instead of about five; for float32 ``x``, bit for bit what autograd of the plain formula gives."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        ctx.dtype = x.dtype
-        return _rotate(x, cos, sin, transpose=False).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        return _rotate(grad, cos, sin, transpose=True).to(ctx.dtype), None, None
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [s, b, n, d]`` by the tables of ``RotaryEmbedding``; computed in float32."""
-    return _ApplyRotary.apply(x, cos, sin)
+        cos, sin = rope_cos_sin(position_ids.t(), self.inv_freq, scaling=self.attention_scaling)
+        return cos.unsqueeze(2), sin.unsqueeze(2)
