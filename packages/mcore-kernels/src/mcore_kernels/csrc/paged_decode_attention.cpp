@@ -6,7 +6,8 @@
 //   query [B, n, d]; key_blocks, value_blocks [num_blocks, block_size, g, d]; block_table [B, W]
 //   (int32 or int64); positions [B] (int64, the query's position; it sees keys first..position,
 //   first = position - window + 1 with a window > 0, else 0); sinks [n] float32 or None.
-// Scores and the softmax are in float32; the output is rounded once to the query's dtype.
+// Scores and the softmax are in float32 (bfloat16 scores from the bfloat16 dot-product instruction
+// where the CPU has it: exact products, float32 sums); the output is rounded once to the query's dtype.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -88,15 +89,61 @@ inline float softmax_numerators(float* s, int64_t length, const float* sink) {
   return _mm512_reduce_add_ps(sum16) + (sink ? std::exp(*sink - top) : 0.f);
 }
 
-// One sequence's heads of one key group (``row`` pointing at that group's keys and values), head
-// dim CHUNKS * 16, PER_GROUP heads sharing the keys.
+#if defined(__AVX512BF16__)
+// The sums of eight float32 vectors' lanes, in order.
+inline __m256 sums8(const __m256* v) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+// One head's scores over keys k, k + stride, ... (count of them): the bfloat16 dot-product
+// instruction (keys not converted, products exact in float32, float32 sums), eight keys' lane
+// sums reduced at once.
+template <int PAIRS>
+void bf16_head_scores(const __m512bh* qh, const c10::BFloat16* k, int64_t stride, int64_t count, float scale,
+                      float* out) {
+  auto partial = [&](const c10::BFloat16* key) {
+    __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), qh[0], (__m512bh)_mm512_loadu_si512(key));
+    for (int c = 1; c < PAIRS; ++c) sum = _mm512_dpbf16_ps(sum, qh[c], (__m512bh)_mm512_loadu_si512(key + c * 32));
+    return sum;
+  };
+  int64_t t = 0;
+  for (; t + 8 <= count; t += 8) {
+    __m256 halves[8];
+    for (int j = 0; j < 8; ++j) {
+      const __m512 sum = partial(k + (t + j) * stride);
+      halves[j] = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm512_extractf32x8_ps(sum, 1));
+    }
+    _mm256_storeu_ps(out + t, _mm256_mul_ps(sums8(halves), _mm256_set1_ps(scale)));
+  }
+  for (; t < count; ++t) out[t] = _mm512_reduce_add_ps(partial(k + t * stride)) * scale;
+}
+
+// Scores of a bfloat16 key group, head dim PAIRS * 32.
+template <int PAIRS, typename Index>
+void bf16_scores(const Row<c10::BFloat16, Index>& row, const c10::BFloat16* q, int64_t per_group, float scale,
+                 float* scores) {
+  const int64_t first = row.first, length = row.last - first + 1;
+  for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
+                 [&](const c10::BFloat16* rows, int64_t p, int64_t count) {
+                   for (int64_t h = 0; h < per_group; ++h) {
+                     __m512bh qh[PAIRS];
+                     for (int c = 0; c < PAIRS; ++c) qh[c] = (__m512bh)_mm512_loadu_si512(q + h * PAIRS * 32 + c * 32);
+                     bf16_head_scores<PAIRS>(qh, rows, row.token_stride, count, scale, scores + h * length + p - first);
+                   }
+                 });
+}
+#endif
+
+// Scores of one key group's heads, head dim CHUNKS * 16: keys converted to float32, four heads'
+// queries (pre-scaled) in registers at a time.
 template <int CHUNKS, typename T, typename Index>
-void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group, float scale, const float* sink,
-                         float* scores, T* out) {
+void converted_scores(const Row<T, Index>& row, const T* q, int64_t per_group, float scale, float* scores) {
   constexpr int64_t dim = CHUNKS * 16;
   const int64_t first = row.first, last = row.last;
   const int64_t length = last - first + 1;
-  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {  // scores: four heads' queries in registers at a time
+  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {
     const int64_t heads = std::min<int64_t>(4, per_group - h0);
     __m512 qh[4][CHUNKS];
     for (int64_t h = 0; h < heads; ++h)
@@ -115,6 +162,22 @@ void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group
                      }
                    });
   }
+}
+
+// One sequence's heads of one key group (``row`` pointing at that group's keys and values), head
+// dim CHUNKS * 16, PER_GROUP heads sharing the keys.
+template <int CHUNKS, typename T, typename Index>
+void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group, float scale, const float* sink,
+                         float* scores, T* out) {
+  constexpr int64_t dim = CHUNKS * 16;
+  const int64_t first = row.first, last = row.last;
+  const int64_t length = last - first + 1;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0)  // bfloat16 dot products
+    bf16_scores<CHUNKS / 2>(row, q, per_group, scale, scores);
+  else
+#endif
+    converted_scores<CHUNKS>(row, q, per_group, scale, scores);
   float denominator[kMaxPerGroup];
   for (int64_t h = 0; h < per_group; ++h) denominator[h] = softmax_numerators(scores + h * length, length, sink ? sink + h : nullptr);
   for (int64_t h0 = 0; h0 < per_group; h0 += 4) {  // values: four heads' accumulators in registers at a time
