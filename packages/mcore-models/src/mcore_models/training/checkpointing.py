@@ -14,6 +14,7 @@ states (unless ``no_save_rng``), restored only under the same layout (see ``rand
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -109,6 +110,15 @@ def training_state_dict(
     return state
 
 
+def whole_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The ``model.*`` entries of a checkpoint for one unsharded model (TP = EP = 1, every layer
+    in it): views of its parameters, so loading a checkpoint saved at any layout fills them."""
+    state: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        _add_sharded(state, f"model.{name}", param.detach(), param, tp_group=None)
+    return state
+
+
 @experimental_api
 def save_training_checkpoint(
     checkpointer: DistributedCheckpointer,
@@ -118,8 +128,12 @@ def save_training_checkpoint(
     iteration: int,
     history: dict,
     groups: ProcessGroupCollection | None = None,
+    write_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save the checkpoint of ``iteration`` with the loss ``history`` (collective); returns its directory.
+
+    ``write_files(directory)`` (rank 0) writes files beside the tensors, published with them: the
+    loop's writes the model config, tokenizer and run configs (``checkpoints.metadata``).
 
     Each rank's random-number states go with it unless ``checkpointer.config.no_save_rng``, recorded
     with the layout of ``groups`` (default: the global groups of ``initialize_model_parallel``).
@@ -135,7 +149,7 @@ def save_training_checkpoint(
         state |= rng_checkpoint_state(resolve_process_groups(groups))
     if checkpointer.config.async_save:  # torch's stager cannot copy views of DDP's flat buffers
         state = _cloned(state)
-    checkpointer.save(state, iteration)
+    checkpointer.save(state, iteration, write_files=write_files)
     return checkpoint_dir(checkpointer.config.save, iteration)
 
 

@@ -1,0 +1,82 @@
+"""Self-describing mcore-train checkpoints: each iteration directory holds the model config, the
+tokenizer and the run's configs, and ``load_checkpoint_for_inference`` rebuilds the trained model
+from it alone, whole, whatever tensor-parallel size saved it.
+
+Oracle: the model in memory at the end of training, written by ``--export-hf`` and run by
+``transformers`` (fp32, max abs error <= 1e-4).
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from mcore_models import CheckpointConfigMissingError, load_checkpoint_for_inference
+from mcore_models.data import Tokenizer
+from mcore_models.training import pretrain
+
+transformers = pytest.importorskip("transformers")
+
+
+def _load_and_run(path, tokens):
+    """In a fresh process (no process group yet): the loader's logits of ``tokens`` and what it returned."""
+    loaded = load_checkpoint_for_inference(path)
+    with torch.no_grad():
+        logits = loaded.model(tokens, position_ids=torch.arange(tokens.shape[1]).unsqueeze(0))
+    facts = {
+        "tp": loaded.config.tensor_model_parallel_size,
+        "training": loaded.model.training,
+        "dtype": str(next(loaded.model.parameters()).dtype),
+        "device": str(next(loaded.model.parameters()).device),
+        "source": loaded.source,
+        "directory": str(loaded.directory),
+        "eos": loaded.model.eos_token_ids,
+        "encoded": loaded.tokenizer.encode("def f(x):\n    return x"),
+        "eod_pad": (loaded.tokenizer.eod_id, loaded.tokenizer.pad_id),
+    }
+    return logits.numpy(), facts
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["saved-at-tp1-dp2", "saved-at-tp2"])
+def test_loader_rebuilds_the_trained_model(tp, run_distributed, tiny_configs, tmp_path):
+    hf_dir = tmp_path / "hf"
+    configs = tiny_configs(tmp_path / "run", 2, tp=tp, export_hf=str(hf_dir))
+    run_distributed(pretrain, 2, configs, timeout=120)
+    save_dir = tmp_path / "run" / "checkpoints"
+    iteration_dir = save_dir / "iter_0000002"
+
+    tokenizer = Tokenizer.from_file(configs.data.tokenizer_file)
+    model_config = json.loads((iteration_dir / "model_config.json").read_text())
+    assert model_config["schema_version"] == 1 and model_config["vocab_size"] == tokenizer.vocab_size
+    assert model_config["transformer_config"]["tensor_model_parallel_size"] == tp
+    assert model_config["transformer_config"]["num_query_groups"] == 2
+    train_config = json.loads((iteration_dir / "train_config.json").read_text())
+    assert train_config["configs"]["training"]["train_iters"] == 2
+    assert train_config["configs"]["data"]["tokenizer_file"] == configs.data.tokenizer_file
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf(tokens).logits
+    for path in (save_dir, iteration_dir):  # the latest iteration of the save directory, or one iteration
+        ((logits, facts),) = run_distributed(_load_and_run, 1, path, tokens, init_process_group=False)
+        torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=0, atol=1e-4)
+        assert facts == {
+            "tp": 1,
+            "training": False,
+            "dtype": "torch.float32",
+            "device": "cpu",
+            "source": "mcore-train",
+            "directory": str(iteration_dir),
+            "eos": (tokenizer.eod_id,),
+            "encoded": tokenizer.encode("def f(x):\n    return x"),
+            "eod_pad": (tokenizer.eod_id, tokenizer.pad_id),
+        }
+
+    # a checkpoint of an mcore-models before self-describing checkpoints: the same without the files
+    old = tmp_path / "old"
+    shutil.copytree(save_dir, old)
+    for name in ("model_config.json", "tokenizer.json", "tokenizer_config.json", "train_config.json"):
+        (old / "iter_0000002" / name).unlink()
+    with pytest.raises(CheckpointConfigMissingError, match=r"without model_config\.json.*--export-hf"):
+        load_checkpoint_for_inference(old)
