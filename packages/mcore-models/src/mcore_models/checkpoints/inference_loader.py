@@ -58,7 +58,7 @@ def load_checkpoint_for_inference(
     (``config.json``, ``*.safetensors``, ``tokenizer.json``).
 
     The model is whole (tensor-parallel size 1, whatever layout saved it), on the CPU, in eval
-    mode, with parameters in ``dtype``. Its process groups: ``pg_collection`` (a tensor-parallel
+    mode, with parameters in ``dtype``; its logits cover exactly the vocabulary. Its process groups: ``pg_collection`` (a tensor-parallel
     group of one rank), else a one-process world (gloo, no network), set up when no process group
     exists.
 
@@ -77,6 +77,7 @@ def load_checkpoint_for_inference(
     source, directory = _locate(directory)
     load = _load_hf if source == "huggingface" else _load_mcore_train
     model, tokenizer = load(directory, dtype, pg_collection)
+    model.parallel_output = False  # logits over exactly the vocabulary, padded rows cut off
     return InferenceCheckpoint(model.eval(), model.config, tokenizer, source, directory)
 
 
@@ -142,12 +143,12 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
     from ..training.checkpointing import whole_model_state_dict
 
     fields, vocab_size = read_model_config(directory)
-    tokenizer = read_tokenizer(directory)
     if fields.get("moe_router_enable_expert_bias"):
         raise CheckpointFormatError(
             f"{directory}: the model uses expert biases (moe_router_enable_expert_bias), which mcore-train "
             "checkpoints do not hold yet; it cannot be loaded with its trained routing"
         )
+    tokenizer = read_tokenizer(directory)
     config = _one_rank_config(fields, dtype)
     groups = _one_rank_groups(pg_collection)  # after every check: no process group for a refused load
     model = GPTModel(
