@@ -15,6 +15,7 @@ import torch
 from mcore_models import CheckpointConfigMissingError, load_checkpoint_for_inference
 from mcore_models.data import Tokenizer
 from mcore_models.training import pretrain
+from mcore_testing.distributed import DistributedTestError
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,10 +39,16 @@ def _load_and_run(path, tokens):
     return logits.numpy(), facts
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["saved-at-tp1-dp2", "saved-at-tp2"])
-def test_loader_rebuilds_the_trained_model(tp, run_distributed, tiny_configs, tmp_path):
+@pytest.mark.parametrize(
+    "tp, fsdp",
+    [(1, False), (2, False), (1, True)],
+    ids=["saved-at-tp1-dp2", "saved-at-tp2", "saved-with-fsdp"],
+)
+def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_configs, tmp_path):
+    if fsdp:
+        pytest.importorskip("mcore_fsdp")
     hf_dir = tmp_path / "hf"
-    configs = tiny_configs(tmp_path / "run", 2, tp=tp, export_hf=str(hf_dir))
+    configs = tiny_configs(tmp_path / "run", 2, tp=tp, export_hf=str(hf_dir), fsdp=fsdp)
     if tp == 2:  # vocabulary padded at TP=2 (300 -> 308 rows) to a size TP=1 would not pad it to
         configs.model = dataclasses.replace(configs.model, make_vocab_size_divisible_by=7)
     run_distributed(pretrain, 2, configs, timeout=120)
@@ -75,6 +82,16 @@ def test_loader_rebuilds_the_trained_model(tp, run_distributed, tiny_configs, tm
             "encoded": tokenizer.encode("def f(x):\n    return x"),
             "eod_pad": (tokenizer.eod_id, tokenizer.pad_id),
         }
+
+    # a model config that does not describe the tensors: refused, naming what is missing
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(iteration_dir, mismatched)
+    model_config["transformer_config"]["num_layers"] = 5
+    (mismatched / "model_config.json").write_text(json.dumps(model_config))
+    with pytest.raises(
+        DistributedTestError, match=r"lacks \d+ weights .* e\.g\. \['model\.decoder\.layers\.4\."
+    ):
+        run_distributed(load_checkpoint_for_inference, 1, mismatched, init_process_group=False)
 
     # a checkpoint of an mcore-models before self-describing checkpoints: the same without the files
     old = tmp_path / "old"

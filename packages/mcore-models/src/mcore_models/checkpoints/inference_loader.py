@@ -17,7 +17,7 @@ from ..config.transformer_config import TransformerConfig
 from ..data.tokenizer import Tokenizer
 from ..models.gpt.model import GPTModel
 from .errors import CheckpointFormatError, TokenizerMissingError
-from .metadata import TOKENIZER_FILE, read_model_config, read_tokenizer
+from .metadata import MODEL_CONFIG_FILE, TOKENIZER_FILE, read_model_config, read_tokenizer
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # what a one-rank model sets of the layout fields a training run saved
@@ -158,7 +158,15 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
         eos_token_ids=(tokenizer.eod_id,),
         pad_token_id=tokenizer.pad_id,
     )
-    dcp.load(whole_model_state_dict(model), checkpoint_id=directory, process_group=groups.tp)
+    saved_keys = set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
+    state = whole_model_state_dict(model, saved_keys)
+    missing = sorted(set(state) - saved_keys)
+    if missing:
+        raise CheckpointFormatError(
+            f"{directory} lacks {len(missing)} weights of the model its {MODEL_CONFIG_FILE} describes, "
+            f"e.g. {missing[:3]}"
+        )
+    dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
     return model, tokenizer
 
 

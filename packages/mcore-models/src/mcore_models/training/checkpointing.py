@@ -110,12 +110,18 @@ def training_state_dict(
     return state
 
 
-def whole_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The ``model.*`` entries of a checkpoint for one unsharded model (TP = EP = 1, every layer
-    in it): views of its parameters, so loading a checkpoint saved at any layout fills them."""
+def whole_model_state_dict(model: torch.nn.Module, saved_keys: set[str]) -> dict[str, torch.Tensor]:
+    """The ``model.*`` entries of a checkpoint (whose keys are ``saved_keys``) for one unsharded
+    model (TP = EP = 1, every layer in it): views of its parameters, so loading a checkpoint saved
+    at any layout fills them. A gated MLP's fc1 is read as its two halves where the checkpoint
+    has them apart (saved without ``--fsdp``), else whole."""
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
-        _add_sharded(state, f"model.{name}", param.detach(), param, tp_group=None)
+        key = f"model.{name}"
+        if f"{key}.gate" in saved_keys:
+            _add_sharded(state, key, param.detach(), param, tp_group=None)
+        else:
+            state[key] = param.detach()
     return state
 
 
