@@ -7,10 +7,13 @@ exactly.
 """
 
 import dataclasses
+import itertools
 
 import pytest
+from mcore_models.data import stdlib_documents, train_bpe_tokenizer
 from mcore_models.training import parse_train_args, pretrain, resolve_configs
 from mcore_parallel import ConfigError
+from mcore_testing.distributed import DistributedTestError
 
 
 def _losses(run_distributed, configs):
@@ -72,3 +75,17 @@ def test_contradicting_model_flags_are_refused(run_distributed, tiny_configs, tm
     )
     with pytest.raises(ConfigError, match=r"ffn_hidden_size=128 \(checkpoint: 64\)"):
         resolve_configs(wider, 2)
+
+    # another tokenizer: refused on the ranks before training, naming both vocabulary sizes
+    texts = [d.text for d in itertools.islice(stdlib_documents(), 3)]
+    train_bpe_tokenizer(texts, vocab_size=320).save(tmp_path / "other-tokenizer.json")
+    other = dataclasses.replace(
+        first,
+        data=dataclasses.replace(first.data, tokenizer_file=str(tmp_path / "other-tokenizer.json")),
+        checkpoint=dataclasses.replace(first.checkpoint, load=load),
+    )
+    with pytest.raises(
+        DistributedTestError,
+        match=r"tokenizer_file, vocab_size: the tokenizer has 320 ids, .* trained with 300",
+    ):
+        run_distributed(pretrain, 2, other, timeout=120)

@@ -54,7 +54,11 @@ from .model_setup import build_train_model
 from .optimizer import build_optimizer
 from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
-from .resume_config import check_model_matches_checkpoint, latest_checkpoint_directory
+from .resume_config import (
+    check_model_matches_checkpoint,
+    check_vocabulary_matches_checkpoint,
+    latest_checkpoint_directory,
+)
 from .schedule import global_mean_loss, run_micro_batches
 from .tensorboard_writer import TensorBoardWriter, check_tensorboard_available
 from .wandb_writer import WandbWriter, check_wandb_available
@@ -227,6 +231,10 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
             dist.barrier()
     with timers.startup_phase("model"):
         vocab_size = data.tokenizer.vocab_size
+        if configs.checkpoint.load is not None:
+            resume_from = latest_checkpoint_directory(configs.checkpoint.load)
+            if resume_from is not None:
+                check_vocabulary_matches_checkpoint(vocab_size, resume_from)
         if training.fsdp:
             model = build_fsdp_train_model(
                 model_config,

@@ -98,6 +98,24 @@ def check_model_matches_checkpoint(model: TransformerConfig, directory: Path) ->
         )
 
 
+def check_vocabulary_matches_checkpoint(vocab_size: int, directory: Path) -> None:
+    """Refuse resuming ``directory`` with a tokenizer of another vocabulary size than the one it
+    was trained with; a checkpoint without a model config is not checked.
+
+    Raises:
+        ConfigError: naming ``tokenizer_file`` and ``vocab_size``, with both sizes.
+    """
+    if not has_model_config(directory):
+        return
+    _, saved = read_model_config(directory)
+    if vocab_size != saved:
+        raise ConfigError(
+            ["tokenizer_file", "vocab_size"],
+            f"the tokenizer has {vocab_size} ids, the checkpoint in {directory} was trained with {saved}: "
+            "resume with the tokenizer of its run (saved there as tokenizer.json)",
+        )
+
+
 def saved_train_configs(load_dir: str | Path) -> tuple[Path, dict[str, dict[str, Any]]] | None:
     """The iteration directory ``--load load_dir`` resumes from and its saved run configs, or
     ``None`` when there is no checkpoint or it does not carry them."""
