@@ -3,7 +3,8 @@ tokenizer and the run's configs, and ``load_checkpoint_for_inference`` rebuilds 
 from it alone, whole, whatever tensor-parallel size saved it.
 
 Oracle: the model in memory at the end of training, written by ``--export-hf`` and run by
-``transformers`` (fp32, max abs error <= 1e-4).
+``transformers`` (fp32, max abs error <= 1e-4); for layouts the export does not take (PP = 2, MoE at
+EP = 2) the same weights read through the training resume path.
 """
 
 import dataclasses
@@ -100,3 +101,27 @@ def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_confi
         (old / "iter_0000002" / name).unlink()
     with pytest.raises(CheckpointConfigMissingError, match=r"without model_config\.json.*--export-hf"):
         load_checkpoint_for_inference(old)
+
+
+MOE = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16)
+
+
+@pytest.mark.parametrize(
+    "layout, model",
+    [(dict(pp=2), {}), (dict(), MOE | dict(expert_model_parallel_size=2, moe_grouped_gemm=True))],
+    ids=["saved-at-pp2", "moe-saved-at-ep2-grouped"],
+)
+def test_loader_matches_the_resume_path(
+    layout, model, run_distributed, tiny_configs, checkpoint_logits, tmp_path
+):
+    """Layouts Hugging Face export does not take (PP > 1, EP > 1): oracle is the training resume path."""
+    configs = tiny_configs(tmp_path / "run", 2, **layout)
+    configs.model = dataclasses.replace(configs.model, **model)
+    run_distributed(pretrain, 2, configs, timeout=120)
+    save_dir = str(tmp_path / "run" / "checkpoints")
+    vocab_size = Tokenizer.from_file(configs.data.tokenizer_file).vocab_size
+    tokens = torch.randint(0, vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    (expected,) = run_distributed(checkpoint_logits, 1, configs, vocab_size, save_dir, tokens)
+    ((logits, facts),) = run_distributed(_load_and_run, 1, save_dir, tokens, init_process_group=False)
+    torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=0, atol=1e-6)
+    assert facts["tp"] == 1 and not facts["training"]
