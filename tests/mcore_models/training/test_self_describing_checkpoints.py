@@ -13,7 +13,11 @@ import shutil
 
 import pytest
 import torch
-from mcore_models import CheckpointConfigMissingError, load_checkpoint_for_inference
+from mcore_models import (
+    CheckpointConfigMissingError,
+    load_checkpoint_for_inference,
+    missing_inference_members,
+)
 from mcore_models.data import Tokenizer
 from mcore_models.training import pretrain
 from mcore_testing.distributed import DistributedTestError
@@ -28,6 +32,7 @@ def _load_and_run(path, tokens):
         logits = loaded.model(tokens, position_ids=torch.arange(tokens.shape[1]).unsqueeze(0))
     facts = {
         "tp": loaded.config.tensor_model_parallel_size,
+        "missing_inference_members": missing_inference_members(loaded.model),
         "training": loaded.model.training,
         "dtype": str(next(loaded.model.parameters()).dtype),
         "device": str(next(loaded.model.parameters()).device),
@@ -74,6 +79,7 @@ def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_confi
         torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=0, atol=1e-4)
         assert facts == {
             "tp": 1,
+            "missing_inference_members": [],
             "training": False,
             "dtype": "torch.float32",
             "device": "cpu",
