@@ -54,12 +54,6 @@ def test_missing_tokenizer(tmp_path):
     assert not dist.is_initialized()
 
 
-def test_expert_biases_are_refused(tmp_path):
-    directory = _iteration_dir(tmp_path, transformer_config={"moe_router_enable_expert_bias": True})
-    with pytest.raises(CheckpointFormatError, match=r"expert biases .* do not hold yet"):
-        load_checkpoint_for_inference(directory)
-
-
 def test_bad_dtype(tmp_path):
     with pytest.raises(ValueError, match="dtype must be one of"):
         load_checkpoint_for_inference(tmp_path, dtype=torch.int64)

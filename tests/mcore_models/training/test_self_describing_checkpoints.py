@@ -33,6 +33,9 @@ def _load_and_run(path, tokens):
     facts = {
         "tp": loaded.config.tensor_model_parallel_size,
         "missing_inference_members": missing_inference_members(loaded.model),
+        "nonzero_expert_biases": sum(
+            bool(t.any()) for name, t in loaded.model.named_buffers() if name.endswith("expert_bias")
+        ),
         "training": loaded.model.training,
         "dtype": str(next(loaded.model.parameters()).dtype),
         "device": str(next(loaded.model.parameters()).device),
@@ -80,6 +83,7 @@ def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_confi
         assert facts == {
             "tp": 1,
             "missing_inference_members": [],
+            "nonzero_expert_biases": 0,
             "training": False,
             "dtype": "torch.float32",
             "device": "cpu",
@@ -96,7 +100,7 @@ def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_confi
     model_config["transformer_config"]["num_layers"] = 5
     (mismatched / "model_config.json").write_text(json.dumps(model_config))
     with pytest.raises(
-        DistributedTestError, match=r"lacks \d+ weights .* e\.g\. \['model\.decoder\.layers\.4\."
+        DistributedTestError, match=r"lacks \d+ tensors .* e\.g\. \['model\.decoder\.layers\.4\."
     ):
         run_distributed(load_checkpoint_for_inference, 1, mismatched, init_process_group=False)
 
@@ -110,12 +114,16 @@ def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_confi
 
 
 MOE = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16)
+EXPERT_BIAS = dict(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.1)
 
 
 @pytest.mark.parametrize(
     "layout, model",
-    [(dict(pp=2), {}), (dict(), MOE | dict(expert_model_parallel_size=2, moe_grouped_gemm=True))],
-    ids=["saved-at-pp2", "moe-saved-at-ep2-grouped"],
+    [
+        (dict(pp=2), {}),
+        (dict(), MOE | EXPERT_BIAS | dict(expert_model_parallel_size=2, moe_grouped_gemm=True)),
+    ],
+    ids=["saved-at-pp2", "moe-expert-bias-saved-at-ep2-grouped"],
 )
 def test_loader_matches_the_resume_path(
     layout, model, run_distributed, tiny_configs, checkpoint_logits, tmp_path
@@ -131,3 +139,5 @@ def test_loader_matches_the_resume_path(
     ((logits, facts),) = run_distributed(_load_and_run, 1, save_dir, tokens, init_process_group=False)
     torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=0, atol=1e-6)
     assert facts["tp"] == 1 and not facts["training"]
+    # the trained expert biases came with the weights (sign steps of 0.1 may cancel out in some layers)
+    assert (facts["nonzero_expert_biases"] > 0) == bool(model)

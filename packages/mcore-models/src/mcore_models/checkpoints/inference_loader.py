@@ -143,11 +143,6 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
     from ..training.checkpointing import whole_model_state_dict
 
     fields, vocab_size = read_model_config(directory)
-    if fields.get("moe_router_enable_expert_bias"):
-        raise CheckpointFormatError(
-            f"{directory}: the model uses expert biases (moe_router_enable_expert_bias), which mcore-train "
-            "checkpoints do not hold yet; it cannot be loaded with its trained routing"
-        )
     tokenizer = read_tokenizer(directory)
     config = _one_rank_config(fields, dtype)
     groups = _one_rank_groups(pg_collection)  # after every check: no process group for a refused load
@@ -163,8 +158,8 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
     missing = sorted(set(state) - saved_keys)
     if missing:
         raise CheckpointFormatError(
-            f"{directory} lacks {len(missing)} weights of the model its {MODEL_CONFIG_FILE} describes, "
-            f"e.g. {missing[:3]}"
+            f"{directory} lacks {len(missing)} tensors of the model its {MODEL_CONFIG_FILE} describes, "
+            f"e.g. {missing[:3]} (routers' expert biases are in checkpoints of mcore-models after 0.1.8)"
         )
     dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
     return model, tokenizer
