@@ -8,10 +8,11 @@ exactly.
 
 import dataclasses
 import itertools
+import shutil
 
 import pytest
 from mcore_models.data import stdlib_documents, train_bpe_tokenizer
-from mcore_models.training import parse_train_args, pretrain, resolve_configs
+from mcore_models.training import main, parse_train_args, pretrain, resolve_configs
 from mcore_parallel import ConfigError
 from mcore_testing.distributed import DistributedTestError
 
@@ -41,10 +42,23 @@ def test_resume_without_flags_repeats_the_resume_with_them(run_distributed, tiny
     assert bare_losses == full_losses
 
 
-def test_contradicting_model_flags_are_refused(run_distributed, tiny_configs, tmp_path):
+def test_contradicting_model_flags_are_refused(run_distributed, tiny_configs, tmp_path, capsys):
     first = tiny_configs(tmp_path / "first", 1)
     run_distributed(pretrain, 2, first, timeout=120)
     load = str(tmp_path / "first" / "checkpoints")
+
+    # mcore-train exits with the message (usage error), as for any bad flag
+    with pytest.raises(SystemExit) as exited:
+        main(["--load", load, "--num-attention-heads", "2"])
+    assert exited.value.code == 2
+    assert "num_attention_heads: the checkpoint in" in capsys.readouterr().err
+    # a run config of an unknown schema version is refused by name
+    newer = tmp_path / "newer"
+    shutil.copytree(load, newer)
+    (newer / "iter_0000001" / "train_config.json").write_text('{"schema_version": 2, "configs": {}}')
+    with pytest.raises(SystemExit):
+        main(["--load", str(newer)])
+    assert "schema_version 2, this mcore-models reads schema_version 1" in capsys.readouterr().err
 
     with pytest.raises(ConfigError, match=r"hidden_size=64 \(checkpoint: 32\).*num_layers=2") as raised:
         parse_train_args(["--load", load, "--hidden-size", "64", "--num-layers", "2"])

@@ -25,11 +25,11 @@ from mcore_testing.distributed import DistributedTestError
 transformers = pytest.importorskip("transformers")
 
 
-def _load_and_run(path, tokens):
+def _load_and_run(path, tokens, dtype=torch.float32):
     """In a fresh process (no process group yet): the loader's logits of ``tokens`` and what it returned."""
-    loaded = load_checkpoint_for_inference(path)
+    loaded = load_checkpoint_for_inference(path, dtype=dtype)
     with torch.no_grad():
-        logits = loaded.model(tokens, position_ids=torch.arange(tokens.shape[1]).unsqueeze(0))
+        logits = loaded.model(tokens, position_ids=torch.arange(tokens.shape[1]).unsqueeze(0)).float()
     facts = {
         "tp": loaded.config.tensor_model_parallel_size,
         "missing_inference_members": missing_inference_members(loaded.model),
@@ -93,6 +93,13 @@ def test_loader_rebuilds_the_trained_model(tp, fsdp, run_distributed, tiny_confi
             "encoded": tokenizer.encode("def f(x):\n    return x"),
             "eod_pad": (tokenizer.eod_id, tokenizer.pad_id),
         }
+
+    # bfloat16: the trained float32 weights rounded, logits close to the float32 ones
+    ((logits, facts),) = run_distributed(
+        _load_and_run, 1, save_dir, tokens, torch.bfloat16, init_process_group=False
+    )
+    assert facts["dtype"] == "torch.bfloat16"
+    torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=0, atol=0.05)
 
     # a model config that does not describe the tensors: refused, naming what is missing
     mismatched = tmp_path / "mismatched"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mcore_parallel import ConfigError, add_dataclass_arguments, dataclass_from_args
 
+from ..checkpoints.errors import CheckpointFormatError
 from .batches import open_indexed_data
 from .config import TRAIN_CONFIG_CLASSES, TrainConfigs
 from .fsdp import check_fsdp_available
@@ -88,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         world_size = configs.training.nproc_per_node or default_world_size()
         resolve_configs(configs, world_size)  # fail here, before any rank starts
-    except ConfigError as error:
+    except (ConfigError, CheckpointFormatError) as error:  # bad flags, or an unreadable --load
         parser.error(str(error))
     print(f"mcore-train: {world_size} local ranks; output in {os.path.abspath(configs.training.output_dir)}")
     print("preparing data (the first run builds and caches the stdlib dataset, ~20 s) ...", flush=True)
