@@ -210,3 +210,20 @@ def test_format_errors(tmp_path):
         DistributedCheckpointer(CheckpointConfig(load=str(tmp_path))).load({})
     with pytest.raises(FileNotFoundError, match="nothing has been saved"):
         DistributedCheckpointer(CheckpointConfig(load=str(tmp_path))).saved_keys()
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_files_written_beside_the_tensors_are_published_with_them(tmp_path, async_save):
+    config = CheckpointConfig(save=str(tmp_path), load=str(tmp_path), async_save=async_save)
+    checkpointer = DistributedCheckpointer(config)
+    seen = []
+
+    def write_files(directory):
+        seen.append(directory)
+        (directory / "note.json").write_text('{"iteration": 3}')
+
+    checkpointer.save(sharded_model_state_dict(nn.Linear(2, 2)), 3, write_files=write_files)
+    checkpointer.wait()
+    assert seen == [tmp_path / "iter_0000003.inprogress"]  # written before the checkpoint is published
+    assert (checkpoint_dir(tmp_path, 3) / "note.json").read_text() == '{"iteration": 3}'
+    assert latest_iteration(tmp_path) == 3

@@ -1,9 +1,11 @@
 """A tiny corpus, tokenizer and model for the training tests: seconds per run, not minutes."""
 
+import dataclasses
 import itertools
 import shutil
 
 import pytest
+import torch
 from mcore_models.data.corpus import stdlib_documents
 from mcore_models.data.preprocess import write_indexed_dataset
 from mcore_models.data.tokenizer import train_bpe_tokenizer
@@ -14,8 +16,17 @@ from mcore_models.training import (
     TrainingConfig,
     TrainModelConfig,
     TrainOptimizerConfig,
+    build_optimizer,
+    build_train_model,
+    load_training_checkpoint,
 )
-from mcore_parallel import CheckpointConfig, DistributedDataParallelConfig
+from mcore_parallel import (
+    CheckpointConfig,
+    DistributedCheckpointer,
+    DistributedDataParallelConfig,
+    destroy_model_parallel,
+    initialize_model_parallel,
+)
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +127,33 @@ def checkpoint_at():
         return target
 
     return copy
+
+
+@pytest.fixture
+def checkpoint_logits():
+    """``checkpoint_logits(configs, vocab_size, load, tokens)`` on one rank: the logits of ``tokens``
+    of the model of ``configs`` (at TP = PP = EP = 1) with the weights of the latest checkpoint under
+    ``load``, read through the training resume path (``load_training_checkpoint``)."""
+
+    def logits(configs, vocab_size, load, tokens):
+        model_config = dataclasses.replace(
+            configs.model,
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            virtual_pipeline_model_parallel_size=None,
+            expert_model_parallel_size=1,
+            sequence_parallel=False,
+        )
+        groups = initialize_model_parallel()
+        try:
+            model = build_train_model(model_config, vocab_size, groups, configs.ddp, configs.training.seed)
+            optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
+            checkpointer = DistributedCheckpointer(CheckpointConfig(load=load))
+            load_training_checkpoint(checkpointer, model, optimizer, groups.tp)
+            model.train(False)
+            with torch.no_grad():
+                return model.chunks[0](tokens, position_ids=torch.arange(tokens.shape[1]).unsqueeze(0))
+        finally:
+            destroy_model_parallel()
+
+    return logits

@@ -3,35 +3,15 @@
 import pytest
 import torch
 from mcore_models.data import Tokenizer
-from mcore_models.training import build_optimizer, build_train_model, load_training_checkpoint, pretrain
-from mcore_parallel import (
-    CheckpointConfig,
-    DistributedCheckpointer,
-    StragglerDetectionConfig,
-    destroy_model_parallel,
-    initialize_model_parallel,
-)
+from mcore_models.training import pretrain
+from mcore_parallel import StragglerDetectionConfig
 
 transformers = pytest.importorskip("transformers")
 
 
-def _logits_of_checkpoint(configs, vocab_size, load, tokens):
-    """Our model with the weights of the checkpoint under ``load``: its logits for ``tokens``."""
-    groups = initialize_model_parallel()
-    try:
-        model = build_train_model(configs.model, vocab_size, groups, configs.ddp, configs.training.seed)
-        optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
-        load_training_checkpoint(
-            DistributedCheckpointer(CheckpointConfig(load=load)), model, optimizer, groups.tp
-        )
-        model.train(False)
-        with torch.no_grad():
-            return model.chunks[0](tokens, position_ids=torch.arange(tokens.shape[1]).unsqueeze(0))
-    finally:
-        destroy_model_parallel()
-
-
-def test_export_straggler_report_and_gradient_files(run_distributed, tiny_configs, tmp_path):
+def test_export_straggler_report_and_gradient_files(
+    run_distributed, tiny_configs, checkpoint_logits, tmp_path
+):
     hf_dir = tmp_path / "hf"
     configs = tiny_configs(tmp_path / "run", 3, export_hf=str(hf_dir), save_grads_interval=2)
     configs.straggler = StragglerDetectionConfig(enabled=True, report_time_interval=1e-6)
@@ -41,7 +21,7 @@ def test_export_straggler_report_and_gradient_files(run_distributed, tiny_config
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     tokens = torch.randint(0, hf.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
     (ours,) = run_distributed(
-        _logits_of_checkpoint, 1, configs, hf.config.vocab_size, str(tmp_path / "run" / "checkpoints"), tokens
+        checkpoint_logits, 1, configs, hf.config.vocab_size, str(tmp_path / "run" / "checkpoints"), tokens
     )
     with torch.no_grad():
         theirs = hf(tokens).logits

@@ -1,12 +1,20 @@
 """GPT transformer models on mcore-parallel (dense or with mixture-of-experts layers from
 ``mcore_models.transformer.moe``), Hugging Face checkpoint import/export, datasets and tokenizers
 (``mcore_models.data``), the ``mcore-train`` training loop (``mcore_models.training``), and
-context parallelism (``split_batch``, ``context_parallel_attention``, ``gather_sequence``).
-Norms, MLP activations and rotary embedding run mcore-kernels' fused ops. Mamba/hybrid models are
-planned, not in this release."""
+context parallelism (``split_batch``, ``context_parallel_attention``, ``gather_sequence``), and
+``load_checkpoint_for_inference`` (a model, its config and tokenizer from a self-describing
+mcore-train checkpoint or a Hugging Face directory). Norms, MLP activations and rotary embedding
+run mcore-kernels' fused ops. Mamba/hybrid models are planned, not in this release."""
 
 from importlib.metadata import version as _version
 
+from mcore_models.checkpoints.errors import (
+    CheckpointConfigMissingError,
+    CheckpointFormatError,
+    CheckpointSchemaError,
+    TokenizerMissingError,
+)
+from mcore_models.checkpoints.inference_loader import InferenceCheckpoint, load_checkpoint_for_inference
 from mcore_models.config.transformer_config import TransformerConfig
 from mcore_models.debug.grad_logger import DataGradientLogger
 from mcore_models.hf.checkpoint import export_hf_checkpoint, hf_to_transformer_config, import_hf_checkpoint
@@ -40,10 +48,14 @@ __version__ = _version("mcore-models")
 __all__ = [
     "HF_MAPPINGS",
     "MLP",
+    "CheckpointConfigMissingError",
+    "CheckpointFormatError",
+    "CheckpointSchemaError",
     "DataGradientLogger",
     "DotProductAttention",
     "GPTModel",
     "HFMapping",
+    "InferenceCheckpoint",
     "InferenceContext",
     "InferenceModel",
     "KVCacheSpec",
@@ -54,6 +66,7 @@ __all__ = [
     "RotaryEmbedding",
     "SelfAttention",
     "SelfAttentionSubmodules",
+    "TokenizerMissingError",
     "TransformerBlock",
     "TransformerConfig",
     "TransformerLayer",
@@ -70,6 +83,7 @@ __all__ = [
     "get_gpt_layer_te_spec",
     "hf_to_transformer_config",
     "import_hf_checkpoint",
+    "load_checkpoint_for_inference",
     "missing_inference_members",
     "restore_sequence_order",
     "split_batch",

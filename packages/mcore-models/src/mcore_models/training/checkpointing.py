@@ -2,7 +2,8 @@
 either optimizer) can load what another saved, through mcore-parallel's ``DistributedCheckpointer``.
 
 Keys: ``model.<global parameter name>`` (MoE experts by their global index, see ``_global_names``,
-so any expert-parallel size loads them), ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
+so any expert-parallel size loads them) and ``model.<global buffer name>`` of the persistent
+buffers (routers' expert biases, replicated), ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
 and ``optimizer.step``. Tensor-parallel shards are described with their global shape
 (``sharded_tensor``), so loading reshards them. ``history`` (JSON text, saved with the tensors,
 so an asynchronous save needs nothing written after it) keeps the loss curve so far for the report
@@ -14,6 +15,7 @@ states (unless ``no_save_rng``), restored only under the same layout (see ``rand
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,6 +88,16 @@ def _add(state: dict, key: str, tensor: torch.Tensor, param, sharding, tp_group)
         state[key] = sharded_tensor(tensor, *sharding)
 
 
+def _persistent_buffers(module: torch.nn.Module, name_of=lambda name: name) -> dict[str, torch.Tensor]:
+    """``model.<name_of(name)>`` of every persistent buffer of ``module`` (a router's expert biases),
+    the buffers themselves; parameters (tied ones too) left out."""
+    return {
+        f"model.{name_of(name)}": tensor
+        for name, tensor in module.state_dict(keep_vars=True).items()
+        if not isinstance(tensor, torch.nn.Parameter)
+    }
+
+
 @internal_api
 def training_state_dict(
     model: TrainModel,
@@ -93,19 +105,40 @@ def training_state_dict(
     tp_group: dist.ProcessGroup,
     with_optimizer: bool = True,
     param_states: dict | None = None,
+    saved_keys: set[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's part of the checkpoint. Its tensors are views of the parameters and of
-    ``param_states`` (default ``optimizer.gather_param_states()``), so loading into it fills them."""
+    ``param_states`` (default ``optimizer.gather_param_states()``), and the persistent buffers
+    themselves, so loading into it fills them. With ``saved_keys`` (the checkpoint's, to load it),
+    buffers it lacks are left out: a checkpoint saved before buffers were saved keeps them fresh."""
     state: dict[str, torch.Tensor] = {}
     named = _global_names(model)
     for g, p, sharding in named:
         _add(state, f"model.{g}", p.detach(), p, sharding, tp_group)
+    for key, buffer in _persistent_buffers(model.container, model.global_parameter_name).items():
+        if saved_keys is None or key in saved_keys:
+            state[key] = buffer
     if with_optimizer:
         states = param_states if param_states is not None else optimizer.gather_param_states()
         for g, p, sharding in named:
             for key, value in states[p].items():
                 _add(state, f"optimizer.{g}.{key}", value, p, sharding, tp_group)
         state["optimizer.step"] = torch.tensor(optimizer.step_count)
+    return state
+
+
+def whole_model_state_dict(model: torch.nn.Module, saved_keys: set[str]) -> dict[str, torch.Tensor]:
+    """The ``model.*`` entries of a checkpoint (whose keys are ``saved_keys``) for one unsharded
+    model (TP = EP = 1, every layer in it): views of its parameters, so loading a checkpoint saved
+    at any layout fills them, and its persistent buffers. A gated MLP's fc1 is read as its two
+    halves where the checkpoint has them apart (saved without ``--fsdp``), else whole."""
+    state: dict[str, torch.Tensor] = _persistent_buffers(model)
+    for name, param in model.named_parameters():
+        key = f"model.{name}"
+        if f"{key}.gate" in saved_keys:
+            _add_sharded(state, key, param.detach(), param, tp_group=None)
+        else:
+            state[key] = param.detach()
     return state
 
 
@@ -118,8 +151,12 @@ def save_training_checkpoint(
     iteration: int,
     history: dict,
     groups: ProcessGroupCollection | None = None,
+    write_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save the checkpoint of ``iteration`` with the loss ``history`` (collective); returns its directory.
+
+    ``write_files(directory)`` (rank 0) writes files beside the tensors, published with them: the
+    loop's writes the model config, tokenizer and run configs (``checkpoints.metadata``).
 
     Each rank's random-number states go with it unless ``checkpointer.config.no_save_rng``, recorded
     with the layout of ``groups`` (default: the global groups of ``initialize_model_parallel``).
@@ -135,7 +172,7 @@ def save_training_checkpoint(
         state |= rng_checkpoint_state(resolve_process_groups(groups))
     if checkpointer.config.async_save:  # torch's stager cannot copy views of DDP's flat buffers
         state = _cloned(state)
-    checkpointer.save(state, iteration)
+    checkpointer.save(state, iteration, write_files=write_files)
     return checkpoint_dir(checkpointer.config.save, iteration)
 
 
@@ -170,7 +207,8 @@ def load_training_checkpoint(
         load_fsdp_checkpoint_state(model, optimizer, state)
     else:
         states = optimizer.gather_param_states() if with_optimizer else None
-        state = training_state_dict(model, optimizer, tp_group, with_optimizer, states)
+        saved = checkpointer.saved_keys()
+        state = training_state_dict(model, optimizer, tp_group, with_optimizer, states, saved)
         state |= {HISTORY_KEY: ""} | rng
         iteration = checkpointer.load(state)
         if with_optimizer:  # ``states`` now holds the loaded values

@@ -7,6 +7,7 @@ With no arguments it trains the default small model on the embedded stdlib corpu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -14,11 +15,18 @@ from pathlib import Path
 
 from mcore_parallel import ConfigError, add_dataclass_arguments, dataclass_from_args
 
+from ..checkpoints.errors import CheckpointFormatError
 from .batches import open_indexed_data
 from .config import TRAIN_CONFIG_CLASSES, TrainConfigs
 from .fsdp import check_fsdp_available
 from .launcher import default_world_size, launch_local, run_in_process_group, under_torchrun
 from .loop import pretrain, resolve_configs
+from .resume_config import (
+    apply_saved_defaults,
+    check_model_matches_checkpoint,
+    explicit_fields,
+    saved_train_configs,
+)
 from .tensorboard_writer import check_tensorboard_available
 from .wandb_writer import check_wandb_available
 
@@ -39,16 +47,27 @@ def parse_train_args(
 ) -> TrainConfigs:
     """The configs of ``argv`` (default ``sys.argv[1:]``).
 
+    With ``--load DIR`` whose latest checkpoint carries its run's configs, those are the defaults:
+    only the flags given explicitly differ from the saved run.
+
     Raises:
-        ConfigError: an invalid value or combination, naming the fields.
+        ConfigError: an invalid value or combination, naming the fields; a model-shape flag that
+            contradicts the checkpoint's model config.
     """
     parser = parser if parser is not None else build_parser()
     for config_class in TRAIN_CONFIG_CLASSES:
         add_dataclass_arguments(parser, config_class)
     namespace = parser.parse_args(argv)
+    resumed = saved_train_configs(namespace.load) if namespace.load is not None else None
+    if resumed is not None:
+        names = {f.name for c in TRAIN_CONFIG_CLASSES for f in dataclasses.fields(c) if f.init}
+        apply_saved_defaults(namespace, resumed[1], explicit_fields(parser, argv, names))
     if namespace.save is None:  # checkpoints go to the output directory unless told otherwise
         namespace.save = str(Path(namespace.output_dir) / "checkpoints")
-    return TrainConfigs.from_instances(dataclass_from_args(c, namespace) for c in TRAIN_CONFIG_CLASSES)
+    configs = TrainConfigs.from_instances(dataclass_from_args(c, namespace) for c in TRAIN_CONFIG_CLASSES)
+    if resumed is not None:
+        check_model_matches_checkpoint(configs.model, resumed[0])
+    return configs
 
 
 def _run_rank(configs: TrainConfigs) -> None:
@@ -70,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         world_size = configs.training.nproc_per_node or default_world_size()
         resolve_configs(configs, world_size)  # fail here, before any rank starts
-    except ConfigError as error:
+    except (ConfigError, CheckpointFormatError) as error:  # bad flags, or an unreadable --load
         parser.error(str(error))
     print(f"mcore-train: {world_size} local ranks; output in {os.path.abspath(configs.training.output_dir)}")
     print("preparing data (the first run builds and caches the stdlib dataset, ~20 s) ...", flush=True)

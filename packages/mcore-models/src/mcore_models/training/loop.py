@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from mcore_parallel import (
     reduce_sequence_parallel_grads,
 )
 
+from ..checkpoints.metadata import write_checkpoint_metadata
 from ..debug.grad_logger import DataGradientLogger
 from ..transformer.moe import reset_global_loads, router_loss_metrics, update_expert_biases
 from .batches import iteration_micro_batches, open_train_data
@@ -53,6 +55,11 @@ from .model_setup import build_train_model
 from .optimizer import build_optimizer
 from .progress import TrainingProgress
 from .report import summary_text, write_loss_plot, write_report
+from .resume_config import (
+    check_model_matches_checkpoint,
+    check_vocabulary_matches_checkpoint,
+    latest_checkpoint_directory,
+)
 from .schedule import global_mean_loss, run_micro_batches
 from .tensorboard_writer import TensorBoardWriter, check_tensorboard_available
 from .wandb_writer import WandbWriter, check_wandb_available
@@ -70,7 +77,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
             other than ``torch_dist``, an expert-parallel size that does not fit (see
             ``_check_expert_parallel``), a layout ``--fsdp`` cannot run, or an option context
-            parallelism cannot (see ``_check_context_parallel``).
+            parallelism cannot (see ``_check_context_parallel``), or a model that the checkpoint
+            to resume (``checkpoint.load``) does not hold (see ``check_model_matches_checkpoint``).
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -115,6 +123,9 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     _check_expert_parallel(configs, world_size // mp)
     if training.fsdp:
         check_fsdp_layout(configs)
+    resume_from = latest_checkpoint_directory(checkpoint.load) if checkpoint.load is not None else None
+    if resume_from is not None:
+        check_model_matches_checkpoint(model, resume_from)
     training = dataclasses.replace(training, global_batch_size=global_batch)
     return dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
 
@@ -173,7 +184,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     """Train on every rank of the default process group; returns the report on rank 0, else ``None``."""
     timers = Timers()
     rank, world = dist.get_rank(), dist.get_world_size()
-    configs = resolve_configs(configs, world)
+    given, configs = configs, resolve_configs(configs, world)
     model_config, training = configs.model, configs.training
     if training.fsdp:
         check_fsdp_available()
@@ -193,12 +204,12 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     try:
         run_config = dataclasses.asdict(configs)
         with WandbWriter(configs.logger, rank == 0, training.output_dir, run_config) as wandb_run:
-            return _train(configs, groups, timers, device, dtype, rank, world, wandb_run)
+            return _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run)
     finally:
         destroy_model_parallel()
 
 
-def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> dict | None:
+def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run) -> dict | None:
     model_config, training, data_config = configs.model, configs.training, configs.data
     dp_rank, dp_size = dist.get_rank(groups.dp), dist.get_world_size(groups.dp)
     tp_rank = dist.get_rank(groups.tp)
@@ -215,6 +226,10 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
             dist.barrier()
     with timers.startup_phase("model"):
         vocab_size = data.tokenizer.vocab_size
+        if configs.checkpoint.load is not None:
+            resume_from = latest_checkpoint_directory(configs.checkpoint.load)
+            if resume_from is not None:
+                check_vocabulary_matches_checkpoint(vocab_size, resume_from)
         if training.fsdp:
             model = build_fsdp_train_model(
                 model_config,
@@ -231,6 +246,15 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
     # dropout's streams, seeded once and carried on by checkpoints (a resumed run continues them)
     model_parallel_manual_seed(training.seed + _DROPOUT_SEED_OFFSET, tp_rank)
     checkpointer = DistributedCheckpointer(configs.checkpoint)
+    # beside each checkpoint's tensors: what rebuilds the model and resumes the run (``given``: the
+    # configs as passed to ``pretrain``, before machine-dependent values were filled in)
+    write_files = functools.partial(
+        write_checkpoint_metadata,
+        model_config=model_config,
+        vocab_size=vocab_size,
+        tokenizer=data.tokenizer,
+        train_configs=given,
+    )
     start, history = 0, {"train": [], "heldout": [], "lr": []}
     load_dir = configs.checkpoint.load
     if load_dir is not None and latest_iteration(load_dir) is not None:
@@ -311,7 +335,7 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
         if interval and iteration % interval == 0 and iteration < training.train_iters:
             with log.timed("save"):
                 last_saved = save_training_checkpoint(
-                    checkpointer, model, optimizer, groups.tp, iteration, history, groups
+                    checkpointer, model, optimizer, groups.tp, iteration, history, groups, write_files
                 )
     progress.close()
     train_seconds = time.perf_counter() - began
@@ -325,7 +349,7 @@ def _train(configs, groups, timers, device, dtype, rank, world, wandb_run) -> di
     if iterations_run > 0 or last_saved is None:
         with log.timed("save"):
             last_saved = save_training_checkpoint(
-                checkpointer, model, optimizer, groups.tp, training.train_iters, history, groups
+                checkpointer, model, optimizer, groups.tp, training.train_iters, history, groups, write_files
             )
     with log.timed("save"):
         checkpointer.wait()  # an asynchronous save is complete and marked latest from here on

@@ -4,6 +4,8 @@ Layout under the save directory: ``iter_0000010/`` per checkpoint and ``latest_c
 A save writes into ``iter_0000010.inprogress/``; only when every rank has written does rank 0
 rename it to ``iter_0000010/`` and then replace the ``latest`` marker (write to a temporary file,
 then an atomic rename). A save that dies on the way leaves the previous checkpoint marked latest.
+Files a caller writes beside the tensors (``save(..., write_files=)``) go into the staging
+directory too, so they appear with the checkpoint or not at all.
 
 ``torch.distributed.checkpoint`` is imported when first used, not with this module: on torch 2.6 its
 import loads ``torch._dynamo`` and with it Triton, which ``import mcore_parallel`` must not do.
@@ -15,6 +17,7 @@ import functools
 import inspect
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -96,8 +99,17 @@ class DistributedCheckpointer:
         if self.distributed:
             dist.barrier(group=self.process_group)
 
-    def save(self, state_dict: dict[str, Any], iteration: int) -> None:
-        """Save ``state_dict`` as the checkpoint of ``iteration`` in ``config.save``."""
+    def save(
+        self,
+        state_dict: dict[str, Any],
+        iteration: int,
+        write_files: Callable[[Path], None] | None = None,
+    ) -> None:
+        """Save ``state_dict`` as the checkpoint of ``iteration`` in ``config.save``.
+
+        ``write_files(directory)``, called on rank 0 only, writes further files (e.g. the model's
+        config) into the checkpoint's directory before the tensors; they are published with them.
+        """
         if self.config.save is None:
             raise ConfigError(["save"], "saving needs a save directory")
         self.wait()
@@ -105,6 +117,8 @@ class DistributedCheckpointer:
         if self.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)  # left behind by a crashed save
             staging.mkdir(parents=True)
+            if write_files is not None:
+                write_files(staging)
         self._barrier()
         import torch.distributed.checkpoint as dcp
 

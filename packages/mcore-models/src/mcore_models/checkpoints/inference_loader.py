@@ -1,0 +1,184 @@
+"""``load_checkpoint_for_inference``: a whole model (TP = 1, CPU, eval mode), its config and its
+tokenizer from an mcore-train checkpoint (saved at any layout) or a Hugging Face model directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from mcore_parallel import ProcessGroupCollection, checkpoint_dir, latest_iteration
+
+from ..config.transformer_config import TransformerConfig
+from ..data.tokenizer import Tokenizer
+from ..models.gpt.model import GPTModel
+from .errors import CheckpointFormatError, TokenizerMissingError
+from .metadata import MODEL_CONFIG_FILE, TOKENIZER_FILE, read_model_config, read_tokenizer
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# what a one-rank model sets of the layout fields a training run saved
+_ONE_RANK = dict(
+    tensor_model_parallel_size=1,
+    pipeline_model_parallel_size=1,
+    virtual_pipeline_model_parallel_size=None,
+    context_parallel_size=1,
+    expert_model_parallel_size=1,
+    expert_tensor_parallel_size=None,
+    sequence_parallel=False,
+    recompute_granularity=None,
+)
+
+
+@dataclass
+class InferenceCheckpoint:
+    """What ``load_checkpoint_for_inference`` returns.
+
+    ``source`` is ``"mcore-train"`` or ``"huggingface"``; ``directory`` the directory the weights
+    came from (for an mcore-train save directory: its latest iteration's)."""
+
+    model: GPTModel
+    config: TransformerConfig
+    tokenizer: Tokenizer
+    source: Literal["mcore-train", "huggingface"]
+    directory: Path
+
+
+def load_checkpoint_for_inference(
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.float32,
+    pg_collection: ProcessGroupCollection | None = None,
+) -> InferenceCheckpoint:
+    """Load a model for serving from ``path``: an mcore-train save directory (its latest
+    checkpoint), one of its ``iter_NNNNNNN`` directories, or a Hugging Face model directory
+    (``config.json``, ``*.safetensors``, ``tokenizer.json``).
+
+    The model is whole (tensor-parallel size 1, whatever layout saved it), on the CPU, in eval
+    mode, with parameters in ``dtype``; its logits cover exactly the vocabulary. Its process groups: ``pg_collection`` (a tensor-parallel
+    group of one rank), else a one-process world (gloo, no network), set up when no process group
+    exists.
+
+    Raises:
+        CheckpointFormatError: ``path`` is neither kind of checkpoint.
+        CheckpointConfigMissingError: an mcore-train checkpoint without its model config (an
+            older mcore-models saved it; the message says how to re-save or export it).
+        TokenizerMissingError: no ``tokenizer.json`` beside the weights.
+        CheckpointSchemaError: a checkpoint file of an unknown schema version.
+        ValueError: ``dtype`` is not a floating dtype a model runs in, or ``pg_collection``
+            splits tensors over more than one rank.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {dtype}")
+    directory = Path(path)
+    source, directory = _locate(directory)
+    load = _load_hf if source == "huggingface" else _load_mcore_train
+    model, tokenizer = load(directory, dtype, pg_collection)
+    model.parallel_output = False  # logits over exactly the vocabulary, padded rows cut off
+    return InferenceCheckpoint(model.eval(), model.config, tokenizer, source, directory)
+
+
+def _locate(path: Path) -> tuple[str, Path]:
+    """Which kind of checkpoint ``path`` is, and the directory holding its weights."""
+    if not path.is_dir():
+        raise CheckpointFormatError(f"{path} is not a directory")
+    iteration = latest_iteration(path)
+    if iteration is not None:
+        directory = checkpoint_dir(path, iteration)
+        if not directory.is_dir():
+            raise CheckpointFormatError(
+                f"{path} names iteration {iteration} as latest, but {directory} is missing"
+            )
+        return "mcore-train", directory
+    if (path / ".metadata").is_file():  # torch.distributed.checkpoint's index of an iteration directory
+        return "mcore-train", path
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return "huggingface", path
+    raise CheckpointFormatError(
+        f"{path} is neither an mcore-train checkpoint (a save directory with "
+        "latest_checkpointed_iteration.txt, or one of its iter_NNNNNNN directories) nor a Hugging Face "
+        "model directory (config.json and *.safetensors)"
+    )
+
+
+def _one_rank_groups(pg_collection: ProcessGroupCollection | None) -> ProcessGroupCollection:
+    if pg_collection is not None:
+        if pg_collection.tp is not None and dist.get_world_size(pg_collection.tp) != 1:
+            raise ValueError(
+                "pg_collection: the model is loaded whole, its tensor-parallel group must have 1 rank, "
+                f"got {dist.get_world_size(pg_collection.tp)}"
+            )
+        return pg_collection
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if dist.get_world_size() != 1:
+        raise ValueError(
+            "a process group of several ranks exists: pass pg_collection with a tensor-parallel group of "
+            "this rank alone"
+        )
+    return ProcessGroupCollection(tp=dist.new_group([0]))
+
+
+def _one_rank_config(fields: dict[str, Any], dtype: torch.dtype) -> TransformerConfig:
+    """The saved config at tensor-parallel size 1, in ``dtype``. The vocabulary keeps the padded
+    rows of the saved layout (``make_vocab_size_divisible_by`` times its TP size), so the
+    embedding and output layer have the saved shapes; padded ids are never predicted."""
+    names = {f.name for f in dataclasses.fields(TransformerConfig) if f.init}
+    padding = fields["make_vocab_size_divisible_by"] * fields["tensor_model_parallel_size"]
+    return TransformerConfig(
+        **{name: value for name, value in fields.items() if name in names}
+        | _ONE_RANK
+        | dict(
+            fp16=dtype == torch.float16, bf16=dtype == torch.bfloat16, make_vocab_size_divisible_by=padding
+        )
+    )
+
+
+def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:
+    import torch.distributed.checkpoint as dcp
+
+    from ..training.checkpointing import whole_model_state_dict
+
+    fields, vocab_size = read_model_config(directory)
+    tokenizer = read_tokenizer(directory)
+    config = _one_rank_config(fields, dtype)
+    groups = _one_rank_groups(pg_collection)  # after every check: no process group for a refused load
+    model = GPTModel(
+        config,
+        vocab_size,
+        pg_collection=groups,
+        eos_token_ids=(tokenizer.eod_id,),
+        pad_token_id=tokenizer.pad_id,
+    )
+    saved_keys = set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
+    state = whole_model_state_dict(model, saved_keys)
+    missing = sorted(set(state) - saved_keys)
+    if missing:
+        raise CheckpointFormatError(
+            f"{directory} lacks {len(missing)} tensors of the model its {MODEL_CONFIG_FILE} describes, "
+            f"e.g. {missing[:3]} (routers' expert biases are in checkpoints of mcore-models after 0.1.8)"
+        )
+    dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
+    return model, tokenizer
+
+
+def _load_hf(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:
+    import tokenizers
+
+    from ..hf.checkpoint import import_hf_checkpoint
+
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise TokenizerMissingError(
+            f"{directory} has no {TOKENIZER_FILE}: save the model's tokenizer there "
+            "(transformers: tokenizer.save_pretrained(directory))"
+        )
+    precision = dict(fp16=dtype == torch.float16, bf16=dtype == torch.bfloat16)
+    model = import_hf_checkpoint(directory, pg_collection=_one_rank_groups(pg_collection), **precision)
+    backend = tokenizers.Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+    # the tokenizer's end-of-document and pad tokens are the model's (when it names them)
+    eos = backend.id_to_token(model.eos_token_ids[0]) if model.eos_token_ids else None
+    pad = backend.id_to_token(model.pad_token_id) if model.pad_token_id is not None else None
+    return model, Tokenizer(backend, eod_token=eos, pad_token=pad)
