@@ -7,7 +7,7 @@ from importlib.metadata import version as _version
 from mcore_inference.attention import paged_attention
 from mcore_inference.block_allocator import BlockAllocator, block_hash
 from mcore_inference.buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
-from mcore_inference.client import InferenceClient, RequestResult, StreamOutput
+from mcore_inference.client import CoordinatorStatus, InferenceClient, RequestResult, StreamOutput
 from mcore_inference.context import DynamicInferenceContext
 from mcore_inference.coordinator import InferenceCoordinator, broadcast_coordinator_address
 from mcore_inference.cuda_graphs import DecodeGraphRunner
@@ -45,6 +45,7 @@ __all__ = [
     "BlockOverflowError",
     "ContextOverflowError",
     "CoordinatorError",
+    "CoordinatorStatus",
     "DecodeBuffers",
     "DecodeGraphRunner",
     "DecodeView",

@@ -23,6 +23,7 @@ _logger = logging.getLogger(__name__)
 _ANSWERS = {
     MessageKind.CONNECT: MessageKind.CONNECT_ACK,
     MessageKind.SHUTDOWN: MessageKind.SHUTDOWN,
+    MessageKind.HEARTBEAT: MessageKind.HEARTBEAT,  # a client's heartbeat is answered with the status
     **CONTROL_ACKS,
 }
 
@@ -60,6 +61,18 @@ class RequestResult:
             resubmissions=reply.get("resubmissions", 0),
             details=reply,
         )
+
+
+@dataclass
+class CoordinatorStatus:
+    """What ``InferenceClient.status`` reports: the ``ServingState`` value (``"running"``, ...),
+    how many engines are live, how many requests are unfinished, and how many of those wait for
+    an engine (the rest are on one)."""
+
+    state: str
+    engines: int
+    requests: int
+    waiting: int
 
 
 @dataclass
@@ -189,10 +202,10 @@ class InferenceClient:
                     queue.put_nowait((kind, fields))
             elif kind is MessageKind.ERROR:
                 self._error(fields)
-            elif kind is MessageKind.HEARTBEAT:
-                pass
             elif kind is self._answer and self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(fields)
+            elif kind is MessageKind.HEARTBEAT:  # the answer to the reader's own heartbeat
+                pass
             else:  # e.g. the ack of a handshake nobody waits for: never taken for another answer
                 _logger.debug("unexpected %s from the coordinator", kind.name)
 
@@ -324,6 +337,19 @@ class InferenceClient:
         return True
 
     # ----------------------------------------------------------------- control
+    async def status(self) -> CoordinatorStatus:
+        """The coordinator's ``CoordinatorStatus`` now (``CoordinatorError`` if it does not
+        answer within ``timeout``)."""
+        await self.connect()
+        async with self._lock:
+            fields = await self._request_reply(MessageKind.HEARTBEAT, load=len(self._pending))
+        return CoordinatorStatus(
+            state=str(fields.get("state", "")),
+            engines=int(fields.get("engines", 0)),
+            requests=int(fields.get("load", 0)),
+            waiting=int(fields.get("waiting", 0)),
+        )
+
     async def _control(self, kind: MessageKind) -> str:
         await self.connect()
         async with self._lock:

@@ -287,8 +287,15 @@ class InferenceCoordinator:
             self._control_signal(client, kind)
         elif kind is MessageKind.SHUTDOWN:
             self._shutdown(client)
-        elif kind is MessageKind.HEARTBEAT:
-            self._send(client, MessageKind.HEARTBEAT, load=len(self._requests))
+        elif kind is MessageKind.HEARTBEAT:  # a client's heartbeat is answered with the status
+            self._send(
+                client,
+                MessageKind.HEARTBEAT,
+                load=len(self._requests),
+                waiting=len(self._queue),
+                engines=len(self._engines),
+                state=self.state.value,
+            )
         else:
             self._error_to(client, "unexpected", f"a client does not send {kind.name}")
 
