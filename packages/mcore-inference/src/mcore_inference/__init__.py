@@ -1,6 +1,6 @@
 """An in-process, dynamic-batching inference engine with a paged KV cache for models implementing
-``mcore_models.InferenceModel``, and a ZMQ coordinator with an asyncio client in front of
-data-parallel engines (an HTTP server is planned, not here yet)."""
+``mcore_models.InferenceModel``, a ZMQ coordinator with an asyncio client in front of
+data-parallel engines, and an OpenAI-compatible HTTP server (``mcore_inference.server``)."""
 
 from importlib.metadata import version as _version
 
