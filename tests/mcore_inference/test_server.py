@@ -298,6 +298,32 @@ def test_metrics_count_what_was_sent(stack, api):
     assert after[("mcore_requests_running", ())] == 0 and after[("mcore_requests_waiting", ())] == 0
 
 
+def test_metrics_report_the_engines_caches(stack, api):
+    """Round robin over two engines: a 41-token prompt sent four times meets each engine twice,
+    and the second time 40 of its tokens (10 blocks of 4; the last token is always computed)
+    come from that engine's prefix cache."""
+    prompt = list(range(50, 91))
+    before = scrape(stack.url)
+    for _ in range(4):
+        api.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    deadline = time.monotonic() + 10
+    while True:  # the engines report with their heartbeats
+        after = scrape(stack.url)
+        queried = (
+            after[("mcore_prefix_cache_queried_tokens", ())]
+            - before[("mcore_prefix_cache_queried_tokens", ())]
+        )
+        if queried >= 4 * 41 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert queried == 4 * 41
+    hits = after[("mcore_prefix_cache_hit_tokens", ())] - before[("mcore_prefix_cache_hit_tokens", ())]
+    assert hits == 2 * 40
+    rate = after[("mcore_prefix_cache_hit_tokens", ())] / after[("mcore_prefix_cache_queried_tokens", ())]
+    assert after[("mcore_prefix_cache_hit_rate", ())] == pytest.approx(rate)
+    assert after[("mcore_kv_cache_usage_ratio", ())] == 0.0  # idle: no request holds a block
+
+
 def test_health_states(stack, tmp_path):
     url = stack.url
     ok = httpx.get(f"{url}/health", timeout=30)

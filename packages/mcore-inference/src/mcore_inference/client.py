@@ -67,12 +67,17 @@ class RequestResult:
 class CoordinatorStatus:
     """What ``InferenceClient.status`` reports: the ``ServingState`` value (``"running"``, ...),
     how many engines are live, how many requests are unfinished, and how many of those wait for
-    an engine (the rest are on one)."""
+    an engine (the rest are on one); from the engines' last heartbeats, their mean KV-cache usage
+    (the share of blocks held by requests) and their prompt tokens served from / looked up in
+    their prefix caches so far (lost engines' counts leave the sums)."""
 
     state: str
     engines: int
     requests: int
     waiting: int
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_query_tokens: int = 0
 
 
 @dataclass
@@ -348,6 +353,9 @@ class InferenceClient:
             engines=int(fields.get("engines", 0)),
             requests=int(fields.get("load", 0)),
             waiting=int(fields.get("waiting", 0)),
+            kv_cache_usage=float(fields.get("kv_cache_usage", 0.0)),
+            prefix_cache_hit_tokens=int(fields.get("prefix_cache_hit_tokens", 0)),
+            prefix_cache_query_tokens=int(fields.get("prefix_cache_query_tokens", 0)),
         )
 
     async def _control(self, kind: MessageKind) -> str:

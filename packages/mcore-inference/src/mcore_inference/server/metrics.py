@@ -13,8 +13,9 @@ class ServerMetrics:
     """Counters, gauges and histograms of one server, exposed by ``GET /metrics``.
 
     ``mcore_requests_running`` / ``mcore_requests_waiting``: requests on an engine / waiting for
-    one at the coordinator, and ``mcore_engines_live``, as of the last scrape (from the
-    coordinator's status). ``mcore_prompt_tokens_total`` / ``mcore_generation_tokens_total``:
+    one at the coordinator, ``mcore_engines_live``, ``mcore_kv_cache_usage_ratio`` and the
+    prefix cache's ``mcore_prefix_cache_hit_tokens``, ``mcore_prefix_cache_queried_tokens`` and
+    ``mcore_prefix_cache_hit_rate``, as of the last scrape (from the coordinator's status). ``mcore_prompt_tokens_total`` / ``mcore_generation_tokens_total``:
     tokens of finished requests. ``mcore_time_to_first_token_seconds``,
     ``mcore_inter_token_latency_seconds``, ``mcore_e2e_request_latency_seconds``: as the server
     sees them. ``mcore_requests_total{outcome}``: each engine request once it ends, by outcome
@@ -27,6 +28,20 @@ class ServerMetrics:
         self.running = Gauge("mcore_requests_running", "Requests on an engine.", registry=r)
         self.waiting = Gauge("mcore_requests_waiting", "Requests waiting for an engine.", registry=r)
         self.engines = Gauge("mcore_engines_live", "Live engines behind the coordinator.", registry=r)
+        self.kv_cache_usage = Gauge(
+            "mcore_kv_cache_usage_ratio", "Mean share of KV-cache blocks held by requests.", registry=r
+        )
+        self.prefix_hit_tokens = Gauge(
+            "mcore_prefix_cache_hit_tokens",
+            "Prompt tokens served from the engines' prefix caches.",
+            registry=r,
+        )
+        self.prefix_query_tokens = Gauge(
+            "mcore_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix caches.", registry=r
+        )
+        self.prefix_hit_rate = Gauge(
+            "mcore_prefix_cache_hit_rate", "Prefix-cache hit tokens over looked-up tokens.", registry=r
+        )
         self.prompt_tokens = Counter("mcore_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generation_tokens = Counter(
             "mcore_generation_tokens", "Generated tokens of finished requests.", registry=r
@@ -53,6 +68,11 @@ class ServerMetrics:
         self.running.set(status.requests - status.waiting)
         self.waiting.set(status.waiting)
         self.engines.set(status.engines)
+        self.kv_cache_usage.set(status.kv_cache_usage)
+        self.prefix_hit_tokens.set(status.prefix_cache_hit_tokens)
+        self.prefix_query_tokens.set(status.prefix_cache_query_tokens)
+        queried = status.prefix_cache_query_tokens
+        self.prefix_hit_rate.set(status.prefix_cache_hit_tokens / queried if queried else 0.0)
 
     def finished(self, outcome: str, prompt_tokens: int, generated_tokens: int, seconds: float) -> None:
         """Count one engine request that ended."""
