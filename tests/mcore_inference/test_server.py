@@ -136,6 +136,30 @@ def test_n_and_seed_reproduce_the_engine(stack, api, expected):
     assert first.usage.completion_tokens == 24 and first.usage.prompt_tokens == 4
 
 
+def test_streamed_choices_interleave_and_each_is_whole(stack, api, expected):
+    ids = [9, 8, 7, 6]
+    sampling = dict(temperature=0.8, top_k=20)
+    chunks = list(
+        api.completions.create(
+            model=MODEL, prompt=[ids, [5, 5]], max_tokens=6, n=2, seed=4, stream=True, **extra(sampling),
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    texts, reasons = ["", "", "", ""], [None] * 4
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.text
+        reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    for index, (prompt, i) in enumerate([(ids, 0), (ids, 1), ([5, 5], 0), ([5, 5], 1)]):
+        assert texts[index] == text(stack, expected(prompt, 6, seed=4 + i, **sampling))
+    assert reasons == ["length"] * 4
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (6, 24)
+    chat = api.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=5, n=2, seed=4, temperature=0.8
+    )
+    assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens == 10
+
+
 def extra(sampling):
     """Sampling fields the ``openai`` client has no argument for go in ``extra_body``."""
     known = {"temperature", "top_p", "presence_penalty", "frequency_penalty"}
