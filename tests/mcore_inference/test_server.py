@@ -198,6 +198,46 @@ def test_logprobs_equal_the_engine(stack, api, expected):
         assert entry.logprob == pytest.approx(max(t.logprob for t in entry.top_logprobs), abs=1e-6)
 
 
+def test_streamed_logprobs_equal_the_engine(stack, api, expected):
+    ids = [40, 41, 42]
+    reference = expected.request(ids, 5, logprobs=True, top_n_logprobs=2)
+    chunks = list(
+        api.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0, logprobs=2, stream=True)
+    )
+    tokens, logprobs, tops, offsets = [], [], [], []
+    for chunk in chunks:
+        if chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens
+            logprobs += chunk.choices[0].logprobs.token_logprobs
+            tops += chunk.choices[0].logprobs.top_logprobs
+            offsets += chunk.choices[0].logprobs.text_offset
+    assert tokens == [text(stack, [t]) for t in reference.generated_tokens]
+    assert logprobs == pytest.approx(reference.generated_logprobs, abs=1e-5)
+    for top, ref in zip(tops, reference.generated_top_logprobs, strict=True):
+        assert top == pytest.approx({text(stack, [t]): p for t, p in ref.items()}, abs=1e-5)
+    assert offsets == list(range(5))  # one character a token
+    messages = [{"role": "user", "content": "x"}]
+    chat = api.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    )
+    content = [
+        entry
+        for chunk in chat
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    whole = api.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+    )
+    assert [e.model_dump() for e in content] == [e.model_dump() for e in whole.choices[0].logprobs.content]
+
+
 def test_stop_strings_and_stop_token_ids(stack, api, expected):
     ids = [70, 71, 72]
     full = text(stack, expected(ids, 24))
@@ -242,7 +282,6 @@ ERROR_CASES = [
     ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, 400, "prompt", None),
     ("/v1/completions", {"model": MODEL}, 400, "prompt", None),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", None),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": True, "logprobs": 1}, 400, "logprobs", None),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages", None),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages", None),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs", None),

@@ -82,12 +82,27 @@ class CoordinatorStatus:
 
 @dataclass
 class StreamOutput:
-    """One chunk of a streamed request: its new tokens; the last has ``finished`` and ``result``."""
+    """One chunk of a streamed request: its new tokens; the last has ``finished`` and ``result``.
+    When the request asks for them (``SamplingParams.logprobs`` / ``top_n_logprobs``),
+    ``logprobs`` and ``top_logprobs`` hold the new tokens' log-probabilities (else ``None``)."""
 
     request_id: int
     new_token_ids: list[int]
     finished: bool
     result: RequestResult | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+def _last_output(request_id: int, result: RequestResult, streamed: int) -> StreamOutput:
+    """The last chunk of a stream: the tokens (and log-probabilities) not streamed yet."""
+    params = result.details.get("sampling_params") or {}
+    logprobs = top = None
+    if params.get("logprobs"):
+        logprobs = list(result.details.get("generated_logprobs") or [])[streamed:]
+    if params.get("top_n_logprobs"):
+        top = [dict(d) for d in (result.details.get("generated_top_logprobs") or [])[streamed:]]
+    return StreamOutput(request_id, result.generated_tokens[streamed:], True, result, logprobs, top)
 
 
 class _Failure:
@@ -294,11 +309,17 @@ class InferenceClient:
                 kind, fields = item
                 if kind is MessageKind.PARTIAL_REPLY:
                     streamed += len(fields["new_token_ids"])
-                    yield StreamOutput(request_id, list(fields["new_token_ids"]), False)
+                    yield StreamOutput(
+                        request_id,
+                        list(fields["new_token_ids"]),
+                        False,
+                        logprobs=fields.get("logprobs"),
+                        top_logprobs=fields.get("top_logprobs"),
+                    )
                 else:
                     result = RequestResult.from_reply(fields["result"])
                     finished = True
-                    yield StreamOutput(request_id, result.generated_tokens[streamed:], True, result)
+                    yield _last_output(request_id, result, streamed)
                     return
         finally:
             self._pending.pop(request_id, None)

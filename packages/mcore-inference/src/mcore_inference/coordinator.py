@@ -449,6 +449,7 @@ class InferenceCoordinator:
                     MessageKind.PARTIAL_REPLY,
                     request_id=request.client_request_id,
                     new_token_ids=fields["new_token_ids"],
+                    **{name: fields[name] for name in ("logprobs", "top_logprobs") if name in fields},
                 )
         elif kind is MessageKind.REPLY:
             request = self._requests.get(fields["request_id"])

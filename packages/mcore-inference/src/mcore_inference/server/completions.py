@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .context import ServerContext
 from .errors import OpenAIError, from_exception
-from .generation import Choice, ChoiceOutput
+from .generation import Choice, ChoiceOutput, Delta
 from .openai_protocol import GenerationRequest, parse_chat, parse_completion
 from .responses import (
     SSE_DONE,
@@ -100,14 +100,14 @@ def _whole_body(
     return header.body(choices, total_usage(outputs, [len(p) for p in generation.prompts]))
 
 
-async def _merged(choices: Sequence[Choice]) -> AsyncIterator[tuple[int, str | None]]:
-    """``(choice index, text)`` as any choice produces text, ``(index, None)`` when it ends."""
+async def _merged(choices: Sequence[Choice]) -> AsyncIterator[tuple[int, Delta | None]]:
+    """``(choice index, Delta)`` as any choice produces output, ``(index, None)`` when it ends."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, choice: Choice) -> None:
         try:
-            async for piece in choice.deltas():
-                queue.put_nowait((index, piece))
+            async for delta in choice.deltas():
+                queue.put_nowait((index, delta))
             queue.put_nowait((index, None))
         except Exception as error:
             queue.put_nowait((index, error))
@@ -128,11 +128,19 @@ async def _merged(choices: Sequence[Choice]) -> AsyncIterator[tuple[int, str | N
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _delta_choice(header: ResponseHeader, index: int, text: str, finish_reason: str | None) -> dict:
+def _delta_choice(
+    header: ResponseHeader, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None
+) -> dict:
     if header.chat:
         delta = {"content": text} if text or finish_reason is None else {}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _delta_logprobs(ctx: ServerContext, header: ResponseHeader, delta: Delta, top: int, offset: int) -> dict:
+    if header.chat:
+        return chat_logprobs(delta, ctx.tokenizer, top)
+    return completion_logprobs(delta, ctx.tokenizer, offset)
 
 
 async def _events(
@@ -140,6 +148,7 @@ async def _events(
 ) -> AsyncIterator[str]:
     """The server-sent events of a streamed response, ending with ``data: [DONE]``; a failure is
     sent as an error event before it."""
+    sent = [0] * len(choices)  # characters of each choice's text sent so far
     try:
         for index in range(len(choices)):
             if header.chat:
@@ -150,11 +159,16 @@ async def _events(
             elif generation.echo:
                 echo = ctx.tokenizer.decode(generation.prompts[index // generation.n])
                 yield header.chunk([_delta_choice(header, index, echo, None)])
-        async for index, piece in _merged(choices):
-            if piece is not None:
-                yield header.chunk([_delta_choice(header, index, piece, None)])
-            else:
+        async for index, delta in _merged(choices):
+            if delta is None:
                 yield header.chunk([_delta_choice(header, index, "", choices[index].output.finish_reason)])
+                continue
+            logprobs = None
+            if generation.top_logprobs is not None and delta.token_ids:
+                logprobs = _delta_logprobs(ctx, header, delta, generation.top_logprobs, sent[index])
+            if delta.text or logprobs is not None:
+                yield header.chunk([_delta_choice(header, index, delta.text, None, logprobs)])
+                sent[index] += len(delta.text)
         if generation.include_usage:
             outputs = [choice.output for choice in choices]
             yield header.chunk([], total_usage(outputs, [len(p) for p in generation.prompts]))

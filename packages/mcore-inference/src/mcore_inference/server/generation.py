@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from ..client import InferenceClient, RequestResult
+from ..client import InferenceClient, RequestResult, StreamOutput
 from ..sampling_params import SamplingParams
 from .errors import from_failed_result
 from .metrics import ServerMetrics
@@ -33,6 +33,17 @@ class ChoiceOutput:
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
 
+@dataclass
+class Delta:
+    """A piece of a choice's output: the text now safe to send (maybe empty) and the tokens that
+    came with it, with their log-probabilities when the request asks for them (else empty)."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+
 class Choice:
     """Runs one engine request for a choice. Iterate ``deltas()`` for the text as it becomes safe
     to send; ``output`` is set once it ends. A stop string aborts the engine request at once.
@@ -54,8 +65,8 @@ class Choice:
         self._start = time.monotonic()
         self._last_token: float | None = None
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """The choice's text, piece by piece."""
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """The choice's output, piece by piece."""
         result, outcome = None, "error"
         try:
             async for chunk in self.client.stream(self.prompt, self.params):
@@ -65,22 +76,32 @@ class Choice:
                     if result.finish_reason in _STOP_TOKEN_REASONS and ids:
                         ids = ids[:-1]  # the stop token ends the output; its text is not part of it
                 if ids and not self.assembler.stopped:
-                    self._time_tokens(len(ids))
-                    piece = self.assembler.add(ids)
-                    if self.assembler.stopped:
-                        await self.client.abort(chunk.request_id)
-                    if piece:
-                        yield piece
+                    delta = await self._take(chunk, ids)
+                    if delta.text or delta.token_ids:
+                        yield delta
             outcome = self._finish(result)
             tail = self.assembler.finish()
             if tail:
-                yield tail
+                yield Delta(tail, [])
         except (asyncio.CancelledError, GeneratorExit):  # the HTTP client left: the stream aborted
             outcome = "abort"
             raise
         finally:
             generated = len(result.generated_tokens) if result is not None else len(self.assembler.tokens)
             self.metrics.finished(outcome, len(self.prompt), generated, time.monotonic() - self._start)
+
+    async def _take(self, chunk: StreamOutput, ids: list[int]) -> Delta:
+        """Detokenize a chunk's tokens; a stop string aborts the engine request and drops the
+        tokens after the one that completed the text before it."""
+        self._time_tokens(len(ids))
+        before = len(self.assembler.tokens)
+        piece = self.assembler.add(ids)
+        count = len(ids)
+        if self.assembler.stopped:
+            await self.client.abort(chunk.request_id)
+            count = max(0, self.assembler.kept_tokens() - before)
+        logprobs, top = chunk.logprobs or [], chunk.top_logprobs or []
+        return Delta(piece, list(ids[:count]), list(logprobs[:count]), [dict(d) for d in top[:count]])
 
     async def run(self) -> ChoiceOutput:
         """Run to the end; the ``ChoiceOutput``."""

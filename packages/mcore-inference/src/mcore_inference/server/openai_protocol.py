@@ -208,8 +208,6 @@ def _finish(
     params = _sampling_params(body, max_tokens, top_logprobs)
     _validate(params, vocab_size)
     stream, include_usage = _stream_flags(body)
-    if stream and top_logprobs is not None:
-        raise bad_request("logprobs", "logprobs are not supported with stream=true")
     return GenerationRequest(
         prompts, params, n=_int(body, "n", 1, 1, MAX_N), stop=_stop(body), stream=stream,
         include_usage=include_usage,

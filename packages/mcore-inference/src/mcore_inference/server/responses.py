@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .generation import ChoiceOutput
+from .generation import ChoiceOutput, Delta
 from .tokenizer import ServingTokenizer
 
 
@@ -60,11 +60,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion_logprobs(output: ChoiceOutput, tokenizer: ServingTokenizer) -> dict[str, Any]:
+def completion_logprobs(
+    output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, offset: int = 0
+) -> dict[str, Any]:
     """The completions ``logprobs`` object: tokens, their log-probabilities, the alternatives and
-    each token's offset in the text."""
+    each token's offset in the text (the first at ``offset``)."""
     tokens = [tokenizer.token_text(t) for t in output.token_ids]
-    offsets, offset = [], 0
+    offsets = []
     for text in tokens:
         offsets.append(offset)
         offset += len(text)
@@ -82,7 +84,7 @@ def _entry(token_id: int, logprob: float, tokenizer: ServingTokenizer) -> dict[s
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
-def chat_logprobs(output: ChoiceOutput, tokenizer: ServingTokenizer, top: int) -> dict[str, Any]:
+def chat_logprobs(output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, top: int) -> dict[str, Any]:
     """The chat ``logprobs`` object: one entry a token, with its ``top`` alternatives."""
     content = []
     for i, (token_id, logprob) in enumerate(zip(output.token_ids, output.logprobs, strict=False)):
