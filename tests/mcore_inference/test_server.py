@@ -88,9 +88,17 @@ def test_chat_uses_the_template_and_equals_the_engine(stack, api, expected):
     assert choice.message.role == "assistant" and choice.finish_reason == "length"
     assert choice.message.content == text(stack, expected(prompt, 7))
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (len(prompt), 7)
-    # without a limit the output may fill the context
     tokenized = post(stack.url, "/tokenize", {"messages": messages}).json()
     assert tokenized["tokens"] == prompt
+    # content as text parts is the same text
+    parts = [
+        messages[0],
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
+    ]
+    same = api.chat.completions.create(model=MODEL, messages=parts, max_tokens=7, temperature=0)
+    assert same.choices[0].message.content == choice.message.content
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]
+    assert_error(post(stack.url, "/v1/chat/completions", {"messages": image}), 400, "messages")
 
 
 def test_streaming_with_usage(stack, api, expected):
@@ -306,6 +314,12 @@ def test_malformed_unauthorized_unknown_and_too_large(stack, api, expected):
     assert_error(wrong, 401, code="invalid_api_key")
     assert_error(httpx.get(f"{url}/v1/nowhere", headers=AUTH), 404, code="not_found")
     assert_error(post(url, "/v1/completions", {"prompt": "x" * (100 << 10)}), 413, code="too_large")
+    chunked = httpx.post(  # no Content-Length: counted as it arrives
+        f"{url}/v1/completions",
+        content=iter([b"{" + b" " * (40 << 10), b" " * (40 << 10) + b"}"]),
+        headers=AUTH,
+    )
+    assert_error(chunked, 413, code="too_large")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
@@ -376,7 +390,8 @@ def test_metrics_report_the_engines_caches(stack, api):
             after[("mcore_prefix_cache_queried_tokens", ())]
             - before[("mcore_prefix_cache_queried_tokens", ())]
         )
-        if queried >= 4 * 41 or time.monotonic() > deadline:
+        idle = after[("mcore_kv_cache_usage_ratio", ())] == 0.0  # the last request's blocks freed
+        if (queried >= 4 * 41 and idle) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert queried == 4 * 41
@@ -407,6 +422,8 @@ def test_health_states(stack, tmp_path):
         assert "no live engine" in assert_error(httpx.get(f"{lonely}/health", timeout=30), 503)["message"]
     gone, _, _ = stack.serve("tcp://127.0.0.1:1", timeout=0.5, health_timeout=2.0)
     assert "does not answer" in assert_error(httpx.get(f"{gone}/health", timeout=30), 503)["message"]
+    refused = post(gone, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert "coordinator" in assert_error(refused, 503, code="service_unavailable")["message"]
 
 
 def _send_raw(url, body):
