@@ -42,7 +42,7 @@ def build_app(
     Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
     ``GET /health`` and ``/v1/health``, ``GET /metrics``, ``POST /tokenize``, ``POST /detokenize``.
     ``max_model_len`` bounds prompt + output; ``api_key`` (if set) is required as
-    ``Authorization: Bearer`` on ``/v1/*`` and the tokenizer routes; bodies beyond
+    ``Authorization: Bearer`` on every route but health and metrics; bodies beyond
     ``max_body_bytes`` get 413 and generation requests beyond ``max_concurrency`` in flight 429.
     ``chat_template``: ``load_chat_template(model_dir)``, or the default ChatML one."""
     ctx = ServerContext(
