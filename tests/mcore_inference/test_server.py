@@ -4,6 +4,7 @@ conftest's tiny model, outputs compared with the in-process engine's (greedy, se
 penalties), streaming, stop strings, every error status with its OpenAI body, metrics, health,
 tokenization, the API key, client disconnects and the SIGTERM drain."""
 
+import asyncio
 import json
 import signal
 import socket
@@ -166,6 +167,34 @@ def test_streamed_choices_interleave_and_each_is_whole(stack, api, expected):
         model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=5, n=2, seed=4, temperature=0.8
     )
     assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens == 10
+
+
+def test_concurrent_streams_lose_and_duplicate_nothing(stack, prompts_factory, expected):
+    """32 streamed requests, 16 at a time, over the two engines: every stream's text equals the
+    in-process engine's greedy output, each answered exactly once."""
+    prompts = prompts_factory(32, 3, 12, seed=7)
+    expected.prime(prompts, 8)
+    api = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    gate = asyncio.Semaphore(16)
+
+    async def one(prompt):
+        async with gate:
+            stream = await api.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True
+            )
+            chunks = [chunk async for chunk in stream]
+        return "".join(c.choices[0].text for c in chunks), [c.choices[0].finish_reason for c in chunks]
+
+    async def run_all():
+        try:
+            return await asyncio.gather(*(one(p) for p in prompts))
+        finally:
+            await api.close()
+
+    results = asyncio.run(run_all())
+    for prompt, (streamed, reasons) in zip(prompts, results, strict=True):
+        assert streamed == text(stack, expected(prompt, 8))
+        assert [r for r in reasons if r] == ["length"]
 
 
 def extra(sampling):
