@@ -48,7 +48,7 @@ class Stack:
         ``build_app`` (``graceful_timeout`` to ``build_server``)."""
         graceful_timeout = kwargs.pop("graceful_timeout", 30.0)
         client = InferenceClient(address or self.coordinator.address, timeout=kwargs.pop("timeout", 60.0))
-        options = dict(model_name=MODEL, max_model_len=MAX_MODEL_LEN, api_key=API_KEY, **kwargs)
+        options = {"model_name": MODEL, "max_model_len": MAX_MODEL_LEN, "api_key": API_KEY, **kwargs}
         app = build_app(client, self.tokenizer, **options)
         port = find_free_port()
         server = build_server(app, port=port, graceful_timeout=graceful_timeout, log_level="warning")

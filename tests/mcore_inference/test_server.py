@@ -360,6 +360,14 @@ def test_malformed_unauthorized_unknown_and_too_large(stack, api, expected):
     assert response.choices[0].text == text(stack, expected([1, 2, 3], 4))
 
 
+def test_a_request_longer_than_the_engines_context_is_a_400(stack):
+    """A server told a longer context than the engines have: the engines refuse, the server says
+    which field."""
+    url, _, _ = stack.serve(max_model_len=4 * MAX_MODEL_LEN)
+    response = post(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2000})
+    assert_error(response, 400, "max_tokens", "context_length_exceeded")
+
+
 def test_models_and_tokenize(stack, api):
     assert [m.id for m in api.models.list().data] == [MODEL]
     tokens = post(stack.url, "/tokenize", {"prompt": "Hi there"}).json()

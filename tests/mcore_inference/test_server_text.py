@@ -98,6 +98,7 @@ def test_a_template_that_refuses_raises_chat_template_error():
     [
         ("InvalidRequestError: prompt: token ids must be in [0, 128)", 400, "prompt"),
         ("InvalidRequestError: temperature: must be 0 (greedy) or ...", 400, "temperature"),
+        ("MaxSequenceLengthOverflowError: sequence of 2003 tokens exceeds 1024", 400, "max_tokens"),
         ("EngineLostError: engine e0 was lost (no heartbeat for 5 s) after streaming 3 tokens", 503, None),
         ("CoordinatorError: the engines were stopped", 503, None),
         ("RuntimeError: boom", 500, None),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from ..errors import CoordinatorError, EngineLostError, InvalidRequestError
+from ..errors import CoordinatorError, EngineLostError, InvalidRequestError, MaxSequenceLengthOverflowError
 
 
 class OpenAIError(Exception):
@@ -61,13 +61,18 @@ def from_exception(error: Exception) -> OpenAIError:
 
 def from_failed_result(error: str | None) -> OpenAIError:
     """The OpenAI error of a failed ``RequestResult``'s ``error`` (``"InvalidRequestError: field:
-    message"``, ``"EngineLostError: ..."``, ...): 400 naming the field for a refused request, 503
-    for a lost engine or a stopped coordinator, else 500."""
+    message"``, ``"EngineLostError: ..."``, ...): 400 naming the field for a refused request (and
+    ``max_tokens`` for one longer than the engines' context), 503 for a lost engine or a stopped
+    coordinator, else 500."""
     text = error or "the request failed"
     kind, _, message = text.partition(": ")
     if kind == InvalidRequestError.__name__:
         field = message.partition(": ")[0] if ": " in message else None
         return bad_request(field, message)
+    if kind == MaxSequenceLengthOverflowError.__name__:
+        error = bad_request("max_tokens", f"the prompt and max_tokens exceed the engines' context: {message}")
+        error.code = "context_length_exceeded"
+        return error
     if kind == EngineLostError.__name__:
         return OpenAIError(503, text, type="engine_lost", code="engine_lost")
     if kind == CoordinatorError.__name__:
