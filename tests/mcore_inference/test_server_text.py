@@ -101,6 +101,7 @@ def test_a_template_that_refuses_raises_chat_template_error():
         ("MaxSequenceLengthOverflowError: sequence of 2003 tokens exceeds 1024", 400, "max_tokens"),
         ("EngineLostError: engine e0 was lost (no heartbeat for 5 s) after streaming 3 tokens", 503, None),
         ("CoordinatorError: the engines were stopped", 503, None),
+        ("EngineShutdownError: the engine was shut down", 503, None),
         ("RuntimeError: boom", 500, None),
     ],
 )

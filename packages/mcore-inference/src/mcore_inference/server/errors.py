@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from ..errors import CoordinatorError, EngineLostError, InvalidRequestError, MaxSequenceLengthOverflowError
+from ..errors import (
+    CoordinatorError,
+    EngineLostError,
+    EngineShutdownError,
+    InvalidRequestError,
+    MaxSequenceLengthOverflowError,
+)
 
 
 class OpenAIError(Exception):
@@ -62,8 +68,8 @@ def from_exception(error: Exception) -> OpenAIError:
 def from_failed_result(error: str | None) -> OpenAIError:
     """The OpenAI error of a failed ``RequestResult``'s ``error`` (``"InvalidRequestError: field:
     message"``, ``"EngineLostError: ..."``, ...): 400 naming the field for a refused request (and
-    ``max_tokens`` for one longer than the engines' context), 503 for a lost engine or a stopped
-    coordinator, else 500."""
+    ``max_tokens`` for one longer than the engines' context), 503 for a lost, shut down or
+    stopped engine, else 500."""
     text = error or "the request failed"
     kind, _, message = text.partition(": ")
     if kind == InvalidRequestError.__name__:
@@ -75,6 +81,6 @@ def from_failed_result(error: str | None) -> OpenAIError:
         return error
     if kind == EngineLostError.__name__:
         return OpenAIError(503, text, type="engine_lost", code="engine_lost")
-    if kind == CoordinatorError.__name__:
+    if kind in (CoordinatorError.__name__, EngineShutdownError.__name__):
         return unavailable(text)
     return OpenAIError(500, text, type="internal_error", code="internal_error")
