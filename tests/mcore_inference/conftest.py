@@ -193,3 +193,48 @@ class RecordingModel:
 @pytest.fixture
 def recording_model():
     return RecordingModel
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """``expected(prompt, n, **sampling)``: the tokens the in-process engine over the coordinator
+    engines' model (``coordinator_engine.py``) generates for ``prompt``: ``n`` greedy tokens,
+    ignoring EOS, unless ``sampling`` changes that; ``expected.request(prompt, params)`` is the
+    whole finished ``Request``, and ``expected.prime(prompts, n)`` computes many in one batch."""
+    from mcore_inference import SamplingParams
+    from mcore_parallel import ProcessGroupCollection
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    engine = build_engine(
+        build_model("llama-like", ProcessGroupCollection(tp=dist.new_group([0])), seed=0), blocks=256
+    )
+    cache = {}
+
+    def params(n, sampling):
+        return SamplingParams(
+            **{"temperature": 0, "num_tokens_to_generate": n, "ignore_eos": True, **sampling}
+        )
+
+    def prime(prompts, n, **sampling):  # one batched run for many prompts
+        key = tuple(sorted(sampling.items()))
+        todo = [p for p in prompts if (tuple(p), n, key) not in cache]
+        for prompt, request in zip(
+            todo, engine.generate(todo, params(n, sampling)) if todo else [], strict=True
+        ):
+            cache[(tuple(prompt), n, key)] = request
+
+    def request(prompt, n, **sampling):
+        prime([prompt], n, **sampling)
+        return cache[(tuple(prompt), n, tuple(sorted(sampling.items())))]
+
+    def tokens(prompt, n, **sampling):
+        return request(prompt, n, **sampling).generated_tokens
+
+    tokens.prime = prime
+    tokens.request = request
+    tokens.engine = engine
+    yield tokens
+    if owned:
+        dist.destroy_process_group()

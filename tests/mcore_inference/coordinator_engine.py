@@ -40,5 +40,30 @@ def main(address: str, name: str, step_delay: float = 0.0) -> None:
             return
 
 
+def start_engine_processes(address: str, delays: dict[str, float]) -> dict:
+    """``{name: process}``: one engine process per name of ``delays`` (its step delay), started
+    from a forkserver that imported torch and the packages once, connecting to ``address``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(
+        ["coordinator_engine", "mcore_inference", "mcore_models", "mcore_parallel"]
+    )
+    processes = {
+        name: context.Process(target=main, args=(address, name, delay), daemon=True)
+        for name, delay in delays.items()
+    }
+    for process in processes.values():
+        process.start()
+    return processes
+
+
+def stop_engine_processes(processes: dict) -> None:
+    """Kill and reap the processes of ``start_engine_processes``."""
+    for process in processes.values():
+        process.kill()
+        process.join(5)
+
+
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)

@@ -7,7 +7,6 @@ Three engine processes (``coordinator_engine.py``: the conftest's tiny model; th
 runs its own coordinator on the module's port, and the engines connect to whichever is there."""
 
 import asyncio
-import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -36,23 +35,10 @@ NAMES = ["fast0", "fast1", SLOW]
 def engines():
     """``{name: process}`` of the module's engine processes, and the port they connect to."""
     port = find_free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(
-        ["coordinator_engine", "mcore_inference", "mcore_models", "mcore_parallel"]
-    )
-    processes = {
-        name: context.Process(
-            target=coordinator_engine.main, args=(address, name, 0.1 if name == SLOW else 0.0), daemon=True
-        )
-        for name in NAMES
-    }
-    for process in processes.values():
-        process.start()
+    delays = {name: 0.1 if name == SLOW else 0.0 for name in NAMES}
+    processes = coordinator_engine.start_engine_processes(f"tcp://127.0.0.1:{port}", delays)
     yield processes, port
-    for process in processes.values():
-        process.kill()
-        process.join(5)
+    coordinator_engine.stop_engine_processes(processes)
 
 
 @pytest.fixture
@@ -72,37 +58,6 @@ def serve(engines):
     yield start
     for coordinator in started:
         coordinator.close()
-
-
-@pytest.fixture(scope="module")
-def expected():
-    """``expected(prompt, n)``: greedy tokens of the in-process engine over the same model
-    (``expected.prime(prompts, n)`` computes many in one batch)."""
-    import torch.distributed as dist
-    from conftest import build_engine, build_model
-    from mcore_parallel import ProcessGroupCollection
-
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    engine = build_engine(
-        build_model("llama-like", ProcessGroupCollection(tp=dist.new_group([0])), seed=0), blocks=256
-    )
-    cache = {}
-
-    def prime(prompts, n):  # one batched run for many prompts
-        todo = [p for p in prompts if (tuple(p), n) not in cache]
-        for prompt, request in zip(todo, engine.generate(todo, greedy(n)) if todo else [], strict=True):
-            cache[(tuple(prompt), n)] = request.generated_tokens
-
-    def tokens(prompt, n):
-        prime([prompt], n)
-        return cache[(tuple(prompt), n)]
-
-    tokens.prime = prime
-    yield tokens
-    if owned:
-        dist.destroy_process_group()
 
 
 def greedy(n):

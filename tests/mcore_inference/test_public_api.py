@@ -44,3 +44,8 @@ def test_every_public_name_has_a_docstring():
 
 def test_every_public_name_is_in_the_readme():
     assert missing_from_readme(["mcore_inference"], "mcore-inference") == []
+
+
+def test_the_server_is_documented():
+    assert undocumented("mcore_inference.server") == []
+    assert missing_from_readme(["mcore_inference.server"], "mcore-inference") == []

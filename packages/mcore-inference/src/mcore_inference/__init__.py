@@ -1,13 +1,13 @@
 """An in-process, dynamic-batching inference engine with a paged KV cache for models implementing
-``mcore_models.InferenceModel``, and a ZMQ coordinator with an asyncio client in front of
-data-parallel engines (an HTTP server is planned, not here yet)."""
+``mcore_models.InferenceModel``, a ZMQ coordinator with an asyncio client in front of
+data-parallel engines, and an OpenAI-compatible HTTP server (``mcore_inference.server``)."""
 
 from importlib.metadata import version as _version
 
 from mcore_inference.attention import paged_attention
 from mcore_inference.block_allocator import BlockAllocator, block_hash
 from mcore_inference.buckets import InferenceBatchDimensions, build_batch_buckets, match_bucket
-from mcore_inference.client import InferenceClient, RequestResult, StreamOutput
+from mcore_inference.client import CoordinatorStatus, InferenceClient, RequestResult, StreamOutput
 from mcore_inference.context import DynamicInferenceContext
 from mcore_inference.coordinator import InferenceCoordinator, broadcast_coordinator_address
 from mcore_inference.cuda_graphs import DecodeGraphRunner
@@ -45,6 +45,7 @@ __all__ = [
     "BlockOverflowError",
     "ContextOverflowError",
     "CoordinatorError",
+    "CoordinatorStatus",
     "DecodeBuffers",
     "DecodeGraphRunner",
     "DecodeView",

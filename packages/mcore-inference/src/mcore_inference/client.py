@@ -23,6 +23,7 @@ _logger = logging.getLogger(__name__)
 _ANSWERS = {
     MessageKind.CONNECT: MessageKind.CONNECT_ACK,
     MessageKind.SHUTDOWN: MessageKind.SHUTDOWN,
+    MessageKind.HEARTBEAT: MessageKind.HEARTBEAT,  # a client's heartbeat is answered with the status
     **CONTROL_ACKS,
 }
 
@@ -63,13 +64,45 @@ class RequestResult:
 
 
 @dataclass
+class CoordinatorStatus:
+    """What ``InferenceClient.status`` reports: the ``ServingState`` value (``"running"``, ...),
+    how many engines are live, how many requests are unfinished, and how many of those wait for
+    an engine (the rest are on one); from the engines' last heartbeats, their mean KV-cache usage
+    (the share of blocks held by requests) and their prompt tokens served from / looked up in
+    their prefix caches so far (lost engines' counts leave the sums)."""
+
+    state: str
+    engines: int
+    requests: int
+    waiting: int
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_query_tokens: int = 0
+
+
+@dataclass
 class StreamOutput:
-    """One chunk of a streamed request: its new tokens; the last has ``finished`` and ``result``."""
+    """One chunk of a streamed request: its new tokens; the last has ``finished`` and ``result``.
+    When the request asks for them (``SamplingParams.logprobs`` / ``top_n_logprobs``),
+    ``logprobs`` and ``top_logprobs`` hold the new tokens' log-probabilities (else ``None``)."""
 
     request_id: int
     new_token_ids: list[int]
     finished: bool
     result: RequestResult | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+def _last_output(request_id: int, result: RequestResult, streamed: int) -> StreamOutput:
+    """The last chunk of a stream: the tokens (and log-probabilities) not streamed yet."""
+    params = result.details.get("sampling_params") or {}
+    logprobs = top = None
+    if params.get("logprobs"):
+        logprobs = list(result.details.get("generated_logprobs") or [])[streamed:]
+    if params.get("top_n_logprobs"):
+        top = [dict(d) for d in (result.details.get("generated_top_logprobs") or [])[streamed:]]
+    return StreamOutput(request_id, result.generated_tokens[streamed:], True, result, logprobs, top)
 
 
 class _Failure:
@@ -189,10 +222,10 @@ class InferenceClient:
                     queue.put_nowait((kind, fields))
             elif kind is MessageKind.ERROR:
                 self._error(fields)
-            elif kind is MessageKind.HEARTBEAT:
-                pass
             elif kind is self._answer and self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(fields)
+            elif kind is MessageKind.HEARTBEAT:  # the answer to the reader's own heartbeat
+                pass
             else:  # e.g. the ack of a handshake nobody waits for: never taken for another answer
                 _logger.debug("unexpected %s from the coordinator", kind.name)
 
@@ -276,11 +309,17 @@ class InferenceClient:
                 kind, fields = item
                 if kind is MessageKind.PARTIAL_REPLY:
                     streamed += len(fields["new_token_ids"])
-                    yield StreamOutput(request_id, list(fields["new_token_ids"]), False)
+                    yield StreamOutput(
+                        request_id,
+                        list(fields["new_token_ids"]),
+                        False,
+                        logprobs=fields.get("logprobs"),
+                        top_logprobs=fields.get("top_logprobs"),
+                    )
                 else:
                     result = RequestResult.from_reply(fields["result"])
                     finished = True
-                    yield StreamOutput(request_id, result.generated_tokens[streamed:], True, result)
+                    yield _last_output(request_id, result, streamed)
                     return
         finally:
             self._pending.pop(request_id, None)
@@ -324,6 +363,22 @@ class InferenceClient:
         return True
 
     # ----------------------------------------------------------------- control
+    async def status(self) -> CoordinatorStatus:
+        """The coordinator's ``CoordinatorStatus`` now (``CoordinatorError`` if it does not
+        answer within ``timeout``)."""
+        await self.connect()
+        async with self._lock:
+            fields = await self._request_reply(MessageKind.HEARTBEAT, load=len(self._pending))
+        return CoordinatorStatus(
+            state=str(fields.get("state", "")),
+            engines=int(fields.get("engines", 0)),
+            requests=int(fields.get("load", 0)),
+            waiting=int(fields.get("waiting", 0)),
+            kv_cache_usage=float(fields.get("kv_cache_usage", 0.0)),
+            prefix_cache_hit_tokens=int(fields.get("prefix_cache_hit_tokens", 0)),
+            prefix_cache_query_tokens=int(fields.get("prefix_cache_query_tokens", 0)),
+        )
+
     async def _control(self, kind: MessageKind) -> str:
         await self.connect()
         async with self._lock:

@@ -37,6 +37,7 @@ _SIGNALS = {
 }
 _ACK_SIGNALS = {ack: signal for signal, ack in CONTROL_ACKS.items()}
 _MAX_MESSAGES_PER_POLL = 1000
+_STATS = ("kv_cache_usage", "prefix_cache_hit_tokens", "prefix_cache_query_tokens")  # from engine heartbeats
 
 
 @dataclass
@@ -45,6 +46,7 @@ class _Engine:
     name: str
     last_seen: float
     in_flight: set[int] = field(default_factory=set)
+    stats: dict[str, float] = field(default_factory=dict)  # its last heartbeat's cache statistics
 
 
 @dataclass
@@ -287,10 +289,29 @@ class InferenceCoordinator:
             self._control_signal(client, kind)
         elif kind is MessageKind.SHUTDOWN:
             self._shutdown(client)
-        elif kind is MessageKind.HEARTBEAT:
-            self._send(client, MessageKind.HEARTBEAT, load=len(self._requests))
+        elif kind is MessageKind.HEARTBEAT:  # a client's heartbeat is answered with the status
+            self._send(
+                client,
+                MessageKind.HEARTBEAT,
+                load=len(self._requests),
+                waiting=len(self._queue),
+                engines=len(self._engines),
+                state=self.state.value,
+                **self._cache_stats(),
+            )
         else:
             self._error_to(client, "unexpected", f"a client does not send {kind.name}")
+
+    def _cache_stats(self) -> dict[str, float]:
+        """The live engines' cache statistics: mean KV-cache usage, summed prefix-cache tokens."""
+        reported = [e.stats for e in self._engines.values() if e.stats]
+        if not reported:
+            return {}
+        return {
+            "kv_cache_usage": sum(s.get("kv_cache_usage", 0.0) for s in reported) / len(reported),
+            "prefix_cache_hit_tokens": sum(s.get("prefix_cache_hit_tokens", 0) for s in reported),
+            "prefix_cache_query_tokens": sum(s.get("prefix_cache_query_tokens", 0) for s in reported),
+        }
 
     def _reply_failed(
         self, client: bytes, client_request_id: int, error: str, status: str = "failed"
@@ -413,6 +434,11 @@ class InferenceCoordinator:
     # ----------------------------------------------------------------- engines
     def _from_engine(self, engine: _Engine, kind: MessageKind, fields: dict[str, Any]) -> None:
         if kind is MessageKind.HEARTBEAT:
+            engine.stats = {
+                name: fields[name]
+                for name in _STATS
+                if isinstance(fields.get(name), (int, float)) and not isinstance(fields[name], bool)
+            }
             self._send(engine.identity, MessageKind.HEARTBEAT, load=len(self._requests))
         elif kind is MessageKind.PARTIAL_REPLY:
             request = self._requests.get(fields["request_id"])
@@ -423,6 +449,7 @@ class InferenceCoordinator:
                     MessageKind.PARTIAL_REPLY,
                     request_id=request.client_request_id,
                     new_token_ids=fields["new_token_ids"],
+                    **{name: fields[name] for name in ("logprobs", "top_logprobs") if name in fields},
                 )
         elif kind is MessageKind.REPLY:
             request = self._requests.get(fields["request_id"])

@@ -423,6 +423,18 @@ class DynamicInferenceEngine:
                 self.context.allocate()
                 self._suspended = False
 
+    def cache_stats(self) -> dict[str, float]:
+        """``kv_cache_usage``: the share of KV-cache blocks that requests hold (0 while
+        suspended); ``prefix_cache_hit_tokens`` / ``prefix_cache_query_tokens``: prompt tokens
+        served from the prefix cache / looked up in it, so far."""
+        allocator = self.context.allocator
+        usage = 0.0 if self._suspended else 1.0 - allocator.num_free_blocks / allocator.num_blocks
+        return {
+            "kv_cache_usage": usage,
+            "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
+            "prefix_cache_query_tokens": self.scheduler.prefix_cache_query_tokens,
+        }
+
     @property
     def suspended(self) -> bool:
         """Whether ``suspend`` freed the cache and ``resume`` was not called since."""

@@ -36,13 +36,15 @@ class ServedEngine(Protocol):
 
     def shutdown(self) -> None: ...
 
+    # optional: ``cache_stats() -> dict[str, float]``, sent with every heartbeat
+
 
 class EngineEndpoint:
     """Connects ``engine`` (a ``DynamicInferenceEngine``) to the coordinator at ``address`` and
     serves it from one thread: ``run()`` takes requests and control signals from the socket,
     steps the engine while it is running and has work, sends a ``PARTIAL_REPLY`` per generated
     token of a streamed request and one ``REPLY`` (the ``Request.to_dict()``) when a request
-    ends, and a heartbeat every ``heartbeat_interval`` seconds (keep it well below the
+    ends (a streamed token's log-probabilities go with it when the request asks for them), and a heartbeat (with the engine's ``cache_stats()``) every ``heartbeat_interval`` seconds (keep it well below the
     coordinator's ``heartbeat_timeout``, and a step well below both).
 
     Control signals: ``pause`` stops stepping (requests are kept, new ones queue), ``unpause``
@@ -110,7 +112,7 @@ class EngineEndpoint:
                             _logger.exception("engine step raised; its requests failed, serving goes on")
                 now = time.monotonic()
                 if now - last_heartbeat >= self.heartbeat_interval:
-                    self._send(MessageKind.HEARTBEAT, load=len(self._requests))
+                    self._send(MessageKind.HEARTBEAT, load=len(self._requests), **self._cache_stats())
                     last_heartbeat = now
                 self._flush()
                 if self.coordinator_timeout is not None and now - last_heard > self.coordinator_timeout:
@@ -120,6 +122,11 @@ class EngineEndpoint:
         finally:
             self._flush()
             sock.close()
+
+    def _cache_stats(self) -> dict[str, float]:
+        """The engine's ``cache_stats()`` for the heartbeat (an engine without it reports none)."""
+        stats = getattr(self.engine, "cache_stats", None)
+        return stats() if callable(stats) else {}
 
     # ----------------------------------------------------------------- messages
     def _send(self, kind: MessageKind, **fields: Any) -> None:
@@ -197,7 +204,10 @@ class EngineEndpoint:
                 self._send(MessageKind.REPLY, request_id=request_id, result=result)
             elif stream and output.new_token_ids:
                 self._send(
-                    MessageKind.PARTIAL_REPLY, request_id=request_id, new_token_ids=output.new_token_ids
+                    MessageKind.PARTIAL_REPLY,
+                    request_id=request_id,
+                    new_token_ids=output.new_token_ids,
+                    **_new_logprobs(output),
                 )
 
         try:
@@ -215,3 +225,14 @@ class EngineEndpoint:
         request = self.engine.add_request(fields["prompt_tokens"], params, on_output=on_output)
         if not request.finished:
             self._requests[request_id] = request
+
+
+def _new_logprobs(output: RequestOutput) -> dict[str, Any]:
+    """``logprobs`` / ``top_logprobs`` of ``output``'s new tokens, when its request records them."""
+    request, count = output.request, len(output.new_token_ids)
+    fields: dict[str, Any] = {}
+    if request.sampling_params.logprobs:
+        fields["logprobs"] = request.generated_logprobs[-count:]
+    if request.sampling_params.top_n_logprobs:
+        fields["top_logprobs"] = [dict(d) for d in request.generated_top_logprobs[-count:]]
+    return fields

@@ -48,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.prefix_cache_hit_tokens = 0  # prompt tokens served from the prefix cache so far
+        self.prefix_cache_query_tokens = 0  # prompt tokens looked up in the prefix cache so far
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.active)
@@ -107,6 +108,7 @@ class Scheduler:
         request.block_ids, request.block_hashes = blocks, hashes
         request.num_computed_tokens = len(blocks) * self.context.block_size
         self.prefix_cache_hit_tokens += request.num_computed_tokens
+        self.prefix_cache_query_tokens += len(request.tokens)
 
     def _reserve_blocks(self, request: Request, num_tokens: int, scheduled: set[int]) -> bool:
         """Give ``request`` blocks for ``num_tokens``, preempting others; ``False`` if it was preempted itself."""

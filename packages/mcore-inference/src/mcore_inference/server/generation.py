@@ -1,0 +1,142 @@
+"""One choice of a request: its engine request streamed, detokenized, cut at stop strings, timed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from ..client import InferenceClient, RequestResult, StreamOutput
+from ..sampling_params import SamplingParams
+from .errors import from_failed_result
+from .metrics import ServerMetrics
+from .text_assembler import TextAssembler
+from .tokenizer import ServingTokenizer
+
+_STOP_TOKEN_REASONS = ("stop_token", "eos")
+_FINISH_REASONS = {"stop_token": "stop", "eos": "stop", "stop_string": "stop", "length": "length"}
+
+
+@dataclass
+class ChoiceOutput:
+    """What one choice produced: its text, the tokens behind it, why it ended (``"stop"`` or
+    ``"length"``, as in the OpenAI API), how many tokens the engine generated, and the
+    log-probabilities of the kept tokens (``top_logprobs``: one ``{token id: logprob}`` a token)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Delta:
+    """A piece of a choice's output: the text now safe to send (maybe empty) and the tokens that
+    came with it, with their log-probabilities when the request asks for them (else empty)."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+
+class Choice:
+    """Runs one engine request for a choice. Iterate ``deltas()`` for the text as it becomes safe
+    to send; ``output`` is set once it ends. A stop string aborts the engine request at once.
+    Leaving the iteration early (a client that disconnected) aborts it too. A failed request
+    raises the ``OpenAIError`` of its error."""
+
+    def __init__(
+        self,
+        client: InferenceClient,
+        tokenizer: ServingTokenizer,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        stop: Sequence[str],
+        metrics: ServerMetrics,
+    ):
+        self.client, self.prompt, self.params, self.metrics = client, list(prompt), params, metrics
+        self.assembler = TextAssembler(tokenizer, stop)
+        self.output: ChoiceOutput | None = None
+        self._start = time.monotonic()
+        self._last_token: float | None = None
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """The choice's output, piece by piece."""
+        result, outcome = None, "error"
+        try:
+            async for chunk in self.client.stream(self.prompt, self.params):
+                ids = chunk.new_token_ids
+                if chunk.finished:
+                    result = chunk.result
+                    if result.finish_reason in _STOP_TOKEN_REASONS and ids:
+                        ids = ids[:-1]  # the stop token ends the output; its text is not part of it
+                if ids and not self.assembler.stopped:
+                    delta = await self._take(chunk, ids)
+                    if delta.text or delta.token_ids:
+                        yield delta
+            outcome = self._finish(result)
+            tail = self.assembler.finish()
+            if tail:
+                yield Delta(tail, [])
+        except (asyncio.CancelledError, GeneratorExit):  # the HTTP client left: the stream aborted
+            outcome = "abort"
+            raise
+        finally:
+            generated = len(result.generated_tokens) if result is not None else len(self.assembler.tokens)
+            self.metrics.finished(outcome, len(self.prompt), generated, time.monotonic() - self._start)
+
+    async def _take(self, chunk: StreamOutput, ids: list[int]) -> Delta:
+        """Detokenize a chunk's tokens; a stop string aborts the engine request and drops the
+        tokens after the one that completed the text before it."""
+        self._time_tokens(len(ids))
+        before = len(self.assembler.tokens)
+        piece = self.assembler.add(ids)
+        count = len(ids)
+        if self.assembler.stopped:
+            await self.client.abort(chunk.request_id)
+            count = max(0, self.assembler.kept_tokens() - before)
+        logprobs, top = chunk.logprobs or [], chunk.top_logprobs or []
+        return Delta(piece, list(ids[:count]), list(logprobs[:count]), [dict(d) for d in top[:count]])
+
+    async def run(self) -> ChoiceOutput:
+        """Run to the end; the ``ChoiceOutput``."""
+        async for _ in self.deltas():
+            pass
+        return self.output
+
+    def _time_tokens(self, count: int) -> None:
+        now = time.monotonic()
+        if self._last_token is None:
+            self.metrics.time_to_first_token.observe(now - self._start)
+            count -= 1
+        for _ in range(count):
+            self.metrics.inter_token_latency.observe(now - (self._last_token or now))
+        self._last_token = now
+
+    def _finish(self, result: RequestResult) -> str:
+        """Set ``output`` from the engine's result; the outcome to count."""
+        if result.status == "failed":
+            raise from_failed_result(result.error)
+        if self.assembler.stopped:
+            reason = "stop"
+        elif result.status == "aborted":
+            reason = "abort"
+        else:
+            reason = _FINISH_REASONS.get(result.finish_reason, "stop")
+        kept = self.assembler.kept_tokens()
+        details = result.details
+        self.output = ChoiceOutput(
+            text=self.assembler.text,
+            token_ids=self.assembler.tokens[:kept],
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt),
+            completion_tokens=len(result.generated_tokens),
+            logprobs=list(details.get("generated_logprobs") or [])[:kept],
+            top_logprobs=[dict(d) for d in (details.get("generated_top_logprobs") or [])[:kept]],
+        )
+        return reason

@@ -1,0 +1,118 @@
+"""OpenAI response bodies and streamed chunks for completions and chat completions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .generation import ChoiceOutput, Delta
+from .tokenizer import ServingTokenizer
+
+
+@dataclass
+class ResponseHeader:
+    """What every body and chunk of one response repeats: its id, creation time and model."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+
+    def body(self, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+        """A whole response or a chunk (``object`` names which)."""
+        kind = "chat.completion" if self.chat else "text_completion"
+        body = {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None or not self.chat:
+            body["usage"] = usage
+        return body
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        """One server-sent event: a chunk of a streamed response."""
+        body = self.body(choices, usage)
+        if self.chat:
+            body["object"] = "chat.completion.chunk"
+        return sse(body)
+
+
+def sse(body: Any) -> str:
+    """``body`` as one server-sent event."""
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+"""The last event of every stream."""
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_logprobs(
+    output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, offset: int = 0
+) -> dict[str, Any]:
+    """The completions ``logprobs`` object: tokens, their log-probabilities, the alternatives and
+    each token's offset in the text (the first at ``offset``)."""
+    tokens = [tokenizer.token_text(t) for t in output.token_ids]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": output.logprobs,
+        "top_logprobs": [{tokenizer.token_text(t): p for t, p in top.items()} for top in output.top_logprobs]
+        or None,
+        "text_offset": offsets,
+    }
+
+
+def _entry(token_id: int, logprob: float, tokenizer: ServingTokenizer) -> dict[str, Any]:
+    text = tokenizer.token_text(token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, top: int) -> dict[str, Any]:
+    """The chat ``logprobs`` object: one entry a token, with its ``top`` alternatives."""
+    content = []
+    for i, (token_id, logprob) in enumerate(zip(output.token_ids, output.logprobs, strict=False)):
+        entry = _entry(token_id, logprob, tokenizer)
+        alternatives = sorted(output.top_logprobs[i].items(), key=lambda kv: -kv[1])[:top] if top else []
+        entry["top_logprobs"] = [_entry(t, p, tokenizer) for t, p in alternatives]
+        content.append(entry)
+    return {"content": content}
+
+
+def completion_choice(
+    index: int, output: ChoiceOutput, prefix: str, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """One choice of a completions response (``prefix``: the prompt text when echoing)."""
+    return {
+        "index": index,
+        "text": prefix + output.text,
+        "logprobs": logprobs,
+        "finish_reason": output.finish_reason,
+    }
+
+
+def chat_choice(index: int, output: ChoiceOutput, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    """One choice of a chat response."""
+    message = {"role": "assistant", "content": output.text}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": output.finish_reason}
+
+
+def total_usage(outputs: Sequence[ChoiceOutput], prompt_lengths: Sequence[int]) -> dict[str, int]:
+    """Usage of a whole request: each prompt counted once, every choice's generated tokens."""
+    return usage(sum(prompt_lengths), sum(o.completion_tokens for o in outputs))
