@@ -3,8 +3,9 @@ everywhere else and is the kernel's numerical oracle (``dispatch`` picks one). T
 LayerNorm with an optional fused residual add; rotary position embedding (half-split or interleaved,
 partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGLU, GeGLU,
 quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
-decode attention over a paged KV cache, with a C++ CPU kernel built at first use. Importing this
-package never imports Triton nor compiles anything."""
+attention softmax with scale, causal mask, sliding window and sinks; decode attention over a paged
+KV cache, with a C++ CPU kernel built at first use. Importing this package never imports Triton nor
+compiles anything."""
 
 from importlib.metadata import version as _version
 
@@ -20,6 +21,7 @@ from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backe
 from mcore_kernels.norm import layer_norm, rms_norm
 from mcore_kernels.paged_attention import paged_decode_attention
 from mcore_kernels.rope import apply_rotary, rope_cos_sin, rope_inverse_frequencies
+from mcore_kernels.softmax import attention_softmax
 from mcore_kernels.yarn import (
     yarn_correction_range,
     yarn_cos_sin,
@@ -33,6 +35,7 @@ __all__ = [
     "KernelBackendError",
     "__version__",
     "apply_rotary",
+    "attention_softmax",
     "clamped_swiglu",
     "geglu",
     "layer_norm",

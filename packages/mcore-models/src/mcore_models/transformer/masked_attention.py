@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from mcore_kernels import attention_softmax
 
 
 def sink_softmax(scores: torch.Tensor, sink_logits: torch.Tensor) -> torch.Tensor:
@@ -13,9 +14,7 @@ def sink_softmax(scores: torch.Tensor, sink_logits: torch.Tensor) -> torch.Tenso
     The sink ``sink_logits [n]`` joins the denominator and takes probability mass, but has no value:
     ``p_j = exp(s_j) / (exp(sink) + sum_k exp(s_k))``. A sink of 0 is the off-by-one softmax.
     """
-    b, n, q, _ = scores.shape
-    sink = sink_logits.to(scores.dtype).view(1, n, 1, 1).expand(b, n, q, 1)
-    return torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    return attention_softmax(scores, sink_logits=sink_logits)
 
 
 def masked_attention(
@@ -28,7 +27,8 @@ def masked_attention(
     sink_logits: torch.Tensor | None = None,
     dropout: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """``softmax(q k^T * scale)`` over the ``allowed`` keys, times ``v``; scores in float32.
+    """``softmax(q k^T * scale)`` over the ``allowed`` keys (mcore-kernels' ``attention_softmax``; a
+    query with no allowed key and no sink gets zeros), times ``v``; scores in float32.
 
     ``query [b, n, q, d]``, ``key, value [b, g, k, d]`` (query head ``i`` uses key head
     ``i // (n / g)``), ``allowed`` boolean, broadcastable to ``[b, n, q, k]``. ``sink_logits [n]``
@@ -37,9 +37,8 @@ def masked_attention(
     repeats = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(repeats, dim=1)
     value = value.repeat_interleave(repeats, dim=1)
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1) if sink_logits is None else sink_softmax(scores, sink_logits)
+    scores = torch.matmul(query, key.transpose(-1, -2)).float()
+    probs = attention_softmax(scores, scale=scale, allowed=allowed, sink_logits=sink_logits)
     probs = probs.to(value.dtype)
     if dropout is not None:
         probs = dropout(probs)
