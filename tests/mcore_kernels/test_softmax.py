@@ -176,15 +176,22 @@ ODD = (5, 123, 123)
 
 
 def _interpreted_mismatches() -> list:
-    """Run in a fresh process with ``TRITON_INTERPRET=1``: the (case, tensor) pairs where the
-    Triton kernels and the reference disagree."""
-    mismatches = []
+    """Run in a fresh process with ``TRITON_INTERPRET=1``: the (case, shape, block, tensor) tuples
+    where the Triton kernels and the reference disagree."""
+    from mcore_kernels import softmax_triton
+
     odd = [(ODD[1], ODD[2], options) for _, _, options in CASES]
-    for case, shape in [(case, None) for case in CASES] + [(case, ODD) for case in odd]:
+    # rows in one block; then the small cases in blocks of 4 columns (the last one partial), as
+    # rows longer than MAX_BLOCK are read
+    runs = [(softmax_triton.MAX_BLOCK, case, None) for case in CASES]
+    runs += [(softmax_triton.MAX_BLOCK, case, ODD) for case in odd] + [(4, case, None) for case in CASES]
+    mismatches = []
+    for max_block, case, shape in runs:
+        softmax_triton.MAX_BLOCK = max_block
         triton, reference = _run(case, "triton", shape=shape), _run(case, "reference", shape=shape)
         for name, a, b in zip(("probs", "dscores", "dsink"), triton, reference, strict=True):
             if (a is None) != (b is None) or (a is not None and not torch.allclose(a, b, 1e-5, 1e-5)):
-                mismatches.append([_case_id(case), shape, name])
+                mismatches.append([_case_id(case), shape, max_block, name])
     return mismatches
 
 

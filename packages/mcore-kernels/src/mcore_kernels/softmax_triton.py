@@ -1,6 +1,7 @@
 """Attention softmax as Triton kernels: the arithmetic of ``softmax_reference`` (float32, one rounding
-of the output), one program per row of scores, the causal band and window computed from the row's
-position instead of read from a mask. The backward keeps only the probabilities and each row's sink
+of the output), one program per row of scores, taken in blocks of at most ``MAX_BLOCK`` columns with
+a running maximum, the causal band and window computed from the row's position instead of read from
+a mask. The backward keeps only the probabilities and each row's sink
 probability: ``ds = scale * p * (dp - sum(p dp))``, ``dsink = -sum over rows of p_sink * sum(p dp)``.
 
 Imported only when the Triton backend is chosen: importing ``mcore_kernels`` never imports Triton.
@@ -11,6 +12,38 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+# Columns a program holds at once; longer rows are read in blocks of this many (twice forward, for
+# the maximum and sum and then the probabilities; twice backward).
+MAX_BLOCK = 4096
+
+
+@triton.jit
+def _allowed_scores(
+    x_ptr,
+    allowed_ptr,
+    row,
+    cols,
+    n_q,
+    n_k,
+    scale,
+    window,
+    CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """The scaled scores of columns ``cols`` of ``row`` (-inf where not allowed) and the allowed mask."""
+    keep = cols < n_k
+    offsets = row * n_k + cols
+    x = tl.load(x_ptr + offsets, mask=keep, other=0.0).to(tl.float32) * scale
+    if CAUSAL:
+        distance = (row % n_q + (n_k - n_q)) - cols
+        keep = keep & (distance >= 0)
+        if HAS_WINDOW:
+            keep = keep & (distance < window)
+    if HAS_MASK:
+        keep = keep & (tl.load(allowed_ptr + offsets, mask=keep, other=0) != 0)
+    return tl.where(keep, x, float("-inf")), keep
 
 
 @triton.jit
@@ -32,30 +65,34 @@ def _softmax_forward_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    keep = cols < n_k
-    offsets = row * n_k + cols
-    x = tl.load(x_ptr + offsets, mask=keep, other=0.0).to(tl.float32) * scale
-    if CAUSAL:
-        distance = (row % n_q + (n_k - n_q)) - cols
-        keep = keep & (distance >= 0)
-        if HAS_WINDOW:
-            keep = keep & (distance < window)
-    if HAS_MASK:
-        keep = keep & (tl.load(allowed_ptr + offsets, mask=keep, other=0) != 0)
-    s = tl.where(keep, x, float("-inf"))
-    m = tl.max(s, axis=0)
+    # first pass: the row's maximum and the sum of exponentials, rescaled block by block
+    m = tl.full([], float("-inf"), tl.float32)
     if HAS_SINK:
         sink = tl.load(sink_ptr + (row // n_q) % n_heads).to(tl.float32)
-        m = tl.maximum(m, sink)
-    m = tl.where(m == float("-inf"), 0.0, m)  # nothing to attend to: every term is zero
-    e = tl.where(keep, tl.exp(s - m), 0.0)
-    z = tl.sum(e, axis=0)
+        m = sink
+    z = tl.full([], 0.0, tl.float32)
+    for start in range(0, n_k, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        s, keep = _allowed_scores(
+            x_ptr, allowed_ptr, row, cols, n_q, n_k, scale, window, CAUSAL, HAS_WINDOW, HAS_MASK
+        )
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing allowed yet: all terms zero
+        z = z * tl.exp(m - shift) + tl.sum(tl.where(keep, tl.exp(s - shift), 0.0), axis=0)
+        m = m_new
+    m = tl.where(m == float("-inf"), 0.0, m)
     if HAS_SINK:
         e_sink = tl.exp(sink - m)
         z = z + e_sink
     inverse = 1.0 / tl.where(z > 0.0, z, 1.0)  # an empty row's terms are all zero
-    tl.store(p_ptr + offsets, (e * inverse).to(p_ptr.dtype.element_ty), mask=cols < n_k)
+    # second pass: the probabilities
+    for start in range(0, n_k, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        s, keep = _allowed_scores(
+            x_ptr, allowed_ptr, row, cols, n_q, n_k, scale, window, CAUSAL, HAS_WINDOW, HAS_MASK
+        )
+        p = tl.where(keep, tl.exp(s - m), 0.0) * inverse
+        tl.store(p_ptr + row * n_k + cols, p.to(p_ptr.dtype.element_ty), mask=cols < n_k)
     if HAS_SINK:
         tl.store(p_sink_ptr + row, e_sink * inverse)
 
@@ -73,15 +110,26 @@ def _softmax_backward_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    inside = cols < n_k
-    offsets = row * n_k + cols
-    p = tl.load(p_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-    dp = tl.load(dp_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-    dot = tl.sum(p * dp, axis=0)
-    tl.store(ds_ptr + offsets, (p * (dp - dot) * scale).to(ds_ptr.dtype.element_ty), mask=inside)
+    dot = tl.full([], 0.0, tl.float32)
+    for start in range(0, n_k, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < n_k
+        p = tl.load(p_ptr + row * n_k + cols, mask=inside, other=0.0).to(tl.float32)
+        dp = tl.load(dp_ptr + row * n_k + cols, mask=inside, other=0.0).to(tl.float32)
+        dot += tl.sum(p * dp, axis=0)
+    for start in range(0, n_k, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < n_k
+        offsets = row * n_k + cols
+        p = tl.load(p_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        dp = tl.load(dp_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        tl.store(ds_ptr + offsets, (p * (dp - dot) * scale).to(ds_ptr.dtype.element_ty), mask=inside)
     if HAS_SINK:
         tl.store(dsink_rows_ptr + row, -tl.load(p_sink_ptr + row) * dot)
+
+
+def _block(n_k: int) -> int:
+    return min(triton.next_power_of_2(n_k), MAX_BLOCK)
 
 
 def softmax_forward(
@@ -113,7 +161,7 @@ def softmax_forward(
         HAS_WINDOW=window_size is not None,
         HAS_MASK=allowed is not None,
         HAS_SINK=sink_logits is not None,
-        BLOCK=triton.next_power_of_2(n_k),
+        BLOCK=_block(n_k),
     )
     return probs, p_sink
 
@@ -136,6 +184,6 @@ def softmax_backward(
         n_k,
         scale,
         HAS_SINK=p_sink is not None,
-        BLOCK=triton.next_power_of_2(n_k),
+        BLOCK=_block(n_k),
     )
     return dscores, dsink_rows
