@@ -1,7 +1,7 @@
 """The attention paths of a step (decode rows, prefill chunks with and without a cached prefix,
 mixed batches, the padded decode of CUDA graphs) against a naive reference: per query, in float32,
 ``softmax(q k^T * scale + mask) v`` over the request's cached keys, with windows, sinks and GQA.
-Every test runs with decode rows on mcore-kernels' native kernel and on the PyTorch path."""
+Every test runs with every row (decode rows and prefill chunks) on mcore-kernels' native kernel and on the PyTorch path."""
 
 import itertools
 
@@ -19,7 +19,7 @@ _ids = itertools.count()
 
 @pytest.fixture(autouse=True, params=["native", "reference"])
 def decode_backend(request):
-    """Decode rows through the native kernel, then through the PyTorch grouped path."""
+    """Every row through the native kernel, then through the PyTorch paths."""
     if request.param == "native" and native_library_error() is not None:
         pytest.skip(f"the native CPU kernels do not build here: {native_library_error()}")
     with use_backend(request.param):

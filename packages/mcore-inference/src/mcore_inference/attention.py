@@ -225,6 +225,25 @@ class StepAttention:
 
     decode: DecodeBatch | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
+    _rows: tuple | None = field(default=None, repr=False)
+
+    def row_tables(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every query row as a decode row: ``(positions [tokens], block_table [tokens, W])``,
+        a prefill chunk's rows at their positions over the chunk's blocks; built once per step.
+        Rows of neither (padding) read position 0 of block 0 and are ignored."""
+        if self._rows is None:
+            chunks = [(c.rows, torch.arange(c.start, c.end), c.blocks) for c in self.prefills]
+            if self.decode is not None:
+                chunks.append((self.decode.rows, self.decode.positions, self.decode.block_table))
+            width = max(blocks.shape[-1] for _, _, blocks in chunks)
+            device = chunks[0][2].device
+            positions = torch.zeros(tokens, dtype=torch.long, device=device)
+            table = torch.zeros(tokens, width, dtype=chunks[0][2].dtype, device=device)
+            for rows, row_positions, blocks in chunks:
+                positions[rows] = row_positions.to(device)
+                table[rows, : blocks.shape[-1]] = blocks
+            self._rows = positions, table
+        return self._rows
 
 
 @internal_api
@@ -246,6 +265,18 @@ def attend_step(
     tokens, heads, dim = query.shape
     groups = key_blocks.shape[2]
     sinks = None if sink_logits is None else sink_logits.float()
+    if select_backend(_DECODE_OP, query, kernels=("native",)) == "native" and (step.prefills or step.decode):
+        positions, table = step.row_tables(tokens)  # prefill rows too: the kernel is the faster there
+        return paged_decode_attention(
+            query,
+            key_blocks,
+            value_blocks,
+            table,
+            positions,
+            scale=scale,
+            window_size=window_size,
+            sink_logits=sinks,
+        ).view(tokens, heads * dim)
     output = query.new_empty(tokens, heads * dim)
     for chunk in step.prefills:
         blocks, span, mask, causal = chunk.plan(window_size, query.dtype)
@@ -260,18 +291,7 @@ def attend_step(
         context = _sdpa(q, k, v, scale=scale, mask=mask, is_causal=causal, sinks=chunk_sinks)
         output[chunk.rows] = context[0].transpose(0, 1).reshape(-1, heads * dim)
     decode = step.decode
-    if decode is not None and select_backend(_DECODE_OP, query, kernels=("native",)) == "native":
-        output[decode.rows] = paged_decode_attention(
-            query[decode.rows],
-            key_blocks,
-            value_blocks,
-            decode.block_table,
-            decode.positions,
-            scale=scale,
-            window_size=window_size,
-            sink_logits=sinks,
-        ).view(-1, heads * dim)
-    elif decode is not None:
+    if decode is not None:
         decode_sinks = None if sinks is None else sinks.view(1, groups, heads // groups)
         for group in decode.plan(window_size, query.dtype):
             batch = group.table.shape[0]

@@ -294,22 +294,28 @@ void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Ten
   T* out = output.data_ptr<T>();
   Row<T, Index> shared{key_blocks.data_ptr<T>(), value_blocks.data_ptr<T>(), block_table.data_ptr<Index>(),
                        key_blocks.size(0), block_size, key_blocks.size(2) * dim, 0, 0};
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  // Rows dealt to the threads in turn (thread i takes rows i, i + threads, ...): the rows of a
+  // prefill chunk see more keys the later they are, and contiguous ranges would load one thread.
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), batch);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    for (int64_t b = begin; b < end; ++b) {
-      TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
-                  " is outside the ", width, " blocks of its block table row");
-      Row<T, Index> row = shared;
-      row.table += b * width;
-      row.last = pos[b];
-      row.first = window > 0 ? std::max<int64_t>(0, row.last - window + 1) : 0;
-      scores.resize(heads * (row.last - row.first + 1));
-      const T* row_q = q + b * heads * dim;
-      T* row_out = out + b * heads * dim;
+    for (int64_t lane = begin; lane < end; ++lane) {
+      for (int64_t b = lane; b < batch; b += threads) {
+        TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
+                    " is outside the ", width, " blocks of its block table row");
+        Row<T, Index> row = shared;
+        row.table += b * width;
+        row.last = pos[b];
+        row.first = window > 0 ? std::max<int64_t>(0, row.last - window + 1) : 0;
+        scores.resize(heads * (row.last - row.first + 1));
+        const T* row_q = q + b * heads * dim;
+        T* row_out = out + b * heads * dim;
 #if defined(__AVX512F__)
-      if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out)) continue;
+        if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out))
+          continue;
 #endif
-      decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out);
+        decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out);
+      }
     }
   });
 }
