@@ -136,6 +136,38 @@ void bf16_scores(const Row<c10::BFloat16, Index>& row, const c10::BFloat16* q, i
 }
 #endif
 
+// The values of bfloat16 rows split into their even and odd elements (vc[2j], vc[2j + 1] hold
+// elements 32j, 32j + 2, ... and 32j + 1, 32j + 3, ...): two integer ops per 32 values instead of
+// a widening per 16. Other dtypes and head dims load 16 values per vector in order.
+template <int CHUNKS, typename T>
+inline void load_values(const T* v, __m512* vc) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int j = 0; j < CHUNKS / 2; ++j) {
+      const __m512i raw = _mm512_loadu_si512(v + 32 * j);
+      vc[2 * j] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      vc[2 * j + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+    }
+  } else {
+    for (int c = 0; c < CHUNKS; ++c) vc[c] = load16(v + c * 16);
+  }
+}
+
+// Accumulators laid out as load_values loads, written to ``row`` in element order.
+template <int CHUNKS, typename T>
+inline void store_values(const __m512* acc, float* row) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
+    alignas(64) float even[16], odd[16];
+    for (int j = 0; j < CHUNKS / 2; ++j) {
+      _mm512_store_ps(even, acc[2 * j]);
+      _mm512_store_ps(odd, acc[2 * j + 1]);
+      for (int i = 0; i < 16; ++i) row[32 * j + 2 * i] = even[i], row[32 * j + 2 * i + 1] = odd[i];
+    }
+  } else {
+    for (int c = 0; c < CHUNKS; ++c) _mm512_store_ps(row + c * 16, acc[c]);
+  }
+}
+
 // Scores of one key group's heads, head dim CHUNKS * 16: keys converted to float32, four heads'
 // queries (pre-scaled) in registers at a time.
 template <int CHUNKS, typename T, typename Index>
@@ -190,7 +222,7 @@ void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group
                      for (int64_t t = 0; t < count; ++t) {
                        const T* v = rows + t * row.token_stride;
                        __m512 vc[CHUNKS];
-                       for (int c = 0; c < CHUNKS; ++c) vc[c] = load16(v + c * 16);
+                       load_values<CHUNKS>(v, vc);
                        for (int64_t h = 0; h < heads; ++h) {
                          const __m512 weight = _mm512_set1_ps(scores[(h0 + h) * length + p - first + t]);
                          for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_fmadd_ps(weight, vc[c], acc[h][c]);
@@ -200,7 +232,8 @@ void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group
     for (int64_t h = 0; h < heads; ++h) {
       const __m512 inverse = _mm512_set1_ps(1.f / denominator[h0 + h]);
       alignas(64) float row[dim];
-      for (int c = 0; c < CHUNKS; ++c) _mm512_store_ps(row + c * 16, _mm512_mul_ps(acc[h][c], inverse));
+      for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_mul_ps(acc[h][c], inverse);
+      store_values<CHUNKS, T>(acc[h], row);
       T* o = out + (h0 + h) * dim;
       for (int64_t i = 0; i < dim; ++i) o[i] = static_cast<T>(row[i]);
     }
