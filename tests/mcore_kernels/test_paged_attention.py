@@ -60,6 +60,8 @@ CASES = [  # (heads, groups, dim, block_size, positions, window)
     (8, 8, 64, 16, [40, 41, 200], 32),
     (4, 1, 64, 16, [0, 30, 31, 32, 33], 32),  # windows at their edges
     (2, 2, 16, 4, [3, 4, 5], 1),
+    (4, 2, 128, 16, [0, 17, 63], None),  # bf16 dot products over 4 pairs of 32 lanes
+    (2, 1, 32, 8, [3, 9, 40], 16),  # over 1
 ]
 
 
