@@ -13,6 +13,7 @@ from mcore_kernels import moe_padded_counts
         (3, None, [3, 3, 7, 8, 9]),
         (3, 4, [4, 4, 8, 8, 12]),
         (None, 1, [0, 1, 7, 8, 9]),
+        (0, 2, [0, 2, 8, 8, 10]),
     ],
 )
 def test_counts_padded_by_hand(min_rows, alignment, expected):
@@ -28,9 +29,9 @@ def test_counts_padded_by_hand(min_rows, alignment, expected):
         (torch.ones(3, dtype=torch.int64), dict(alignment=0), ValueError, "alignment must be a positive int"),
         (
             torch.ones(3, dtype=torch.int64),
-            dict(min_rows=True),
+            dict(min_rows=-1),
             ValueError,
-            "min_rows must be a positive int",
+            "min_rows must be a non-negative int",
         ),
     ],
 )

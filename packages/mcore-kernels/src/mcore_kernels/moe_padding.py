@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 
 
-def _check_size(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"moe_padded_counts: {name} must be a positive int or None, got {value!r}")
+def _check_size(name: str, value, least: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        kind = "a positive" if least == 1 else "a non-negative"
+        raise ValueError(f"moe_padded_counts: {name} must be {kind} int or None, got {value!r}")
 
 
 def moe_padded_counts(
@@ -29,8 +30,8 @@ def moe_padded_counts(
             else type(counts).__name__
         )
         raise TypeError(f"moe_padded_counts: counts must be an integer [E] tensor, got {kind}")
-    _check_size("min_rows", min_rows)
-    _check_size("alignment", alignment)
+    _check_size("min_rows", min_rows, 0)
+    _check_size("alignment", alignment, 1)
     rows = counts
     if min_rows is not None:
         rows = rows.clamp(min=min_rows)

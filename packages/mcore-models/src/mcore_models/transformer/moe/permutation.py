@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mcore_kernels import moe_padded_counts
 
 
 @dataclass
@@ -45,11 +46,7 @@ def plan_expert_rows(
     order = torch.argsort(experts, stable=True)
     assignment, experts = assignment[order], experts[order]
     counts = torch.bincount(experts, minlength=num_experts)
-    rows = counts
-    if min_rows is not None:
-        rows = rows.clamp(min=min_rows)
-    if alignment is not None:
-        rows = (rows + alignment - 1) // alignment * alignment
+    rows = moe_padded_counts(counts, min_rows=min_rows, alignment=alignment)
     row_start = torch.cumsum(rows, 0) - rows
     count_start = torch.cumsum(counts, 0) - counts
     position = torch.arange(len(assignment), device=indices.device) - count_start[experts]
