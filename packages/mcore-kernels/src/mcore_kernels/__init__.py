@@ -4,7 +4,7 @@ LayerNorm with an optional fused residual add; rotary position embedding (half-s
 partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGLU, GeGLU,
 quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
 attention softmax with scale, causal mask, sliding window and sinks; MoE top-k routing (softmax or
-sigmoid scores, expert bias, renormalisation) and per-expert counts padded to an alignment; decode attention over a paged
+sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; decode attention over a paged
 KV cache, with a C++ CPU kernel built at first use. Importing this package never imports Triton nor
 compiles anything."""
 
@@ -20,6 +20,7 @@ from mcore_kernels.activations import (
 )
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
 from mcore_kernels.moe_padding import moe_padded_counts
+from mcore_kernels.moe_permute import moe_permute, moe_unpermute
 from mcore_kernels.moe_routing import moe_topk_routing
 from mcore_kernels.norm import layer_norm, rms_norm
 from mcore_kernels.paged_attention import paged_decode_attention
@@ -43,7 +44,9 @@ __all__ = [
     "geglu",
     "layer_norm",
     "moe_padded_counts",
+    "moe_permute",
     "moe_topk_routing",
+    "moe_unpermute",
     "paged_decode_attention",
     "quick_geglu",
     "quick_gelu",
