@@ -23,6 +23,7 @@ class _TritonRoutingFunction(torch.autograd.Function):
         given = None if indices is None else indices.contiguous()
         probs, indices, scores = kernels.routing_forward(logits, topk, sigmoid, post_softmax, bias, given)
         ctx.save_for_backward(logits, indices)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros
         ctx.options = (sigmoid, post_softmax)
         ctx.mark_non_differentiable(indices)
         return probs, indices, scores
