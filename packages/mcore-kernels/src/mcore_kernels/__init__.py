@@ -3,7 +3,8 @@ everywhere else and is the kernel's numerical oracle (``dispatch`` picks one). T
 LayerNorm with an optional fused residual add; rotary position embedding (half-split or interleaved,
 partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGLU, GeGLU,
 quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
-attention softmax with scale, causal mask, sliding window and sinks; decode attention over a paged
+attention softmax with scale, causal mask, sliding window and sinks; MoE top-k routing (softmax or
+sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; decode attention over a paged
 KV cache, with a C++ CPU kernel built at first use. Importing this package never imports Triton nor
 compiles anything."""
 
@@ -18,6 +19,9 @@ from mcore_kernels.activations import (
     swiglu,
 )
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
+from mcore_kernels.moe_padding import moe_padded_counts
+from mcore_kernels.moe_permute import moe_permute, moe_unpermute
+from mcore_kernels.moe_routing import moe_topk_routing
 from mcore_kernels.norm import layer_norm, rms_norm
 from mcore_kernels.paged_attention import paged_decode_attention
 from mcore_kernels.rope import apply_rotary, rope_cos_sin, rope_inverse_frequencies
@@ -39,6 +43,10 @@ __all__ = [
     "clamped_swiglu",
     "geglu",
     "layer_norm",
+    "moe_padded_counts",
+    "moe_permute",
+    "moe_topk_routing",
+    "moe_unpermute",
     "paged_decode_attention",
     "quick_geglu",
     "quick_gelu",

@@ -6,19 +6,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mcore_kernels import moe_padded_counts, moe_permute, moe_unpermute
 
 
 @dataclass
 class ExpertRows:
     """Where each kept assignment sits in the expert-sorted rows.
 
-    ``token``/``assignment``: ``[A]`` source token and flat assignment index (``t * k + j``) of
-    each kept assignment; ``row``: ``[A]`` its row in the permuted tensor; ``rows_per_expert``:
-    ``[E]`` rows of each expert, padding included; ``num_rows``: their sum.
+    ``assignment``: ``[A]`` flat assignment index (``t * k + j``) of each kept assignment;
+    ``row``: ``[A]`` its row in the permuted tensor; ``row_map``: ``[T, k]`` the row of every
+    assignment, ``-1`` where not kept; ``rows_per_expert``: ``[E]`` rows of each expert, padding
+    included; ``num_rows``: their sum.
     """
 
-    token: torch.Tensor
     assignment: torch.Tensor
+    row_map: torch.Tensor
     row: torch.Tensor
     rows_per_expert: torch.Tensor
     num_rows: int
@@ -35,7 +37,6 @@ def plan_expert_rows(
     """Sort the kept assignments of ``indices [T, k]`` (ids in ``[0, num_experts)``; others are
     ignored) by expert, stably in token order. Each expert's group is padded with zero rows up to
     ``min_rows`` and then to a multiple of ``alignment``."""
-    topk = indices.shape[1]
     flat = indices.flatten()
     valid = (flat >= 0) & (flat < num_experts)
     if keep is not None:
@@ -45,18 +46,16 @@ def plan_expert_rows(
     order = torch.argsort(experts, stable=True)
     assignment, experts = assignment[order], experts[order]
     counts = torch.bincount(experts, minlength=num_experts)
-    rows = counts
-    if min_rows is not None:
-        rows = rows.clamp(min=min_rows)
-    if alignment is not None:
-        rows = (rows + alignment - 1) // alignment * alignment
+    rows = moe_padded_counts(counts, min_rows=min_rows, alignment=alignment)
     row_start = torch.cumsum(rows, 0) - rows
     count_start = torch.cumsum(counts, 0) - counts
     position = torch.arange(len(assignment), device=indices.device) - count_start[experts]
+    row = row_start[experts] + position
+    row_map = torch.full_like(flat, -1).index_copy(0, assignment, row).view(indices.shape)
     return ExpertRows(
-        token=assignment // topk,
         assignment=assignment,
-        row=row_start[experts] + position,
+        row_map=row_map,
+        row=row,
         rows_per_expert=rows,
         num_rows=int(rows.sum()),
     )
@@ -64,8 +63,7 @@ def plan_expert_rows(
 
 def permute(hidden: torch.Tensor, plan: ExpertRows) -> torch.Tensor:
     """``[num_rows, h]``: a copy of its token's hidden state in each assignment's row, zeros in padding."""
-    out = hidden.new_zeros(plan.num_rows, hidden.shape[-1])
-    return out.index_copy(0, plan.row, hidden.index_select(0, plan.token))
+    return moe_permute(hidden, plan.row_map, plan.num_rows)
 
 
 def permute_probs(probs: torch.Tensor, plan: ExpertRows) -> torch.Tensor:
@@ -74,13 +72,7 @@ def permute_probs(probs: torch.Tensor, plan: ExpertRows) -> torch.Tensor:
     return out.index_copy(0, plan.row, probs.flatten().index_select(0, plan.assignment))
 
 
-def unpermute(
-    rows: torch.Tensor, plan: ExpertRows, probs: torch.Tensor | None, num_tokens: int
-) -> torch.Tensor:
-    """``[num_tokens, h]``: each token's sum of its assignments' rows weighted by ``probs [T, k]``
+def unpermute(rows: torch.Tensor, plan: ExpertRows, probs: torch.Tensor | None) -> torch.Tensor:
+    """``[T, h]``: each token's sum of its assignments' rows weighted by ``probs [T, k]``
     (unweighted with ``None``: the experts applied the probabilities already)."""
-    weighted = rows.index_select(0, plan.row)
-    if probs is not None:
-        weights = probs.flatten().index_select(0, plan.assignment).unsqueeze(-1)
-        weighted = weighted * weights.to(rows.dtype)
-    return rows.new_zeros(num_tokens, rows.shape[-1]).index_add(0, plan.token, weighted)
+    return moe_unpermute(rows, plan.row_map, probs)

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from mcore_api import experimental_api
+from mcore_kernels import moe_topk_routing
 from mcore_parallel.parallel_state import get_data_parallel_group, model_parallel_is_initialized
 
 from ...config.transformer_config import TransformerConfig
@@ -90,29 +91,35 @@ class TopKRouter(torch.nn.Module):
     def _select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(probs [T, k], indices [T, k], scores [T, E])``; ``scores`` feed the balance loss."""
         config = self.config
+        indices = None
+        if self.router_replay is not None or config.moe_router_num_groups is not None:
+            indices = self._replayed_or_grouped_choice(logits)
+        return moe_topk_routing(
+            logits,
+            self.topk,
+            score_function=config.moe_router_score_function,
+            pre_softmax=config.moe_router_pre_softmax,
+            expert_bias=self.expert_bias,
+            indices=indices,
+        )
+
+    def _replayed_or_grouped_choice(self, logits: torch.Tensor) -> torch.Tensor:
+        """The top-k ids ``[T, k]`` when replayed or group-limited (``moe_topk_routing`` makes the
+        plain choice itself): drawn from what it would look at, the logits or the scores plus the
+        expert bias."""
+        config = self.config
+        choice = logits
         if config.moe_router_score_function == "sigmoid":
-            scores = torch.sigmoid(logits)
-        else:
-            scores = torch.softmax(logits, dim=-1)
-        post_softmax = config.moe_router_score_function == "softmax" and not config.moe_router_pre_softmax
-        choice = logits if post_softmax else scores
+            choice = torch.sigmoid(logits)
+        elif config.moe_router_pre_softmax:
+            choice = torch.softmax(logits, dim=-1)
         if self.expert_bias is not None:
             choice = choice + self.expert_bias
         choice = choice.detach()
-        if self.router_replay is not None:
-            indices = self.router_replay.route(lambda: self._top_experts(choice), logits.shape[0], self.topk)
-            indices = indices.to(logits.device)
-        else:
-            indices = self._top_experts(choice)
-        if post_softmax:
-            probs = torch.softmax(logits.gather(1, indices), dim=-1)
-        else:
-            probs = scores.gather(1, indices)
-            if config.moe_router_score_function == "sigmoid":
-                if self.topk > 1:
-                    probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
-                scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
-        return probs, indices, scores
+        if self.router_replay is None:
+            return self._top_experts(choice)
+        indices = self.router_replay.route(lambda: self._top_experts(choice), logits.shape[0], self.topk)
+        return indices.to(logits.device)
 
     def _top_experts(self, choice: torch.Tensor) -> torch.Tensor:
         config = self.config

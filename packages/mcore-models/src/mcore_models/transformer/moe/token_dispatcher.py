@@ -50,7 +50,6 @@ class _TokenDispatcher:
         self.first_expert = self.ep_rank * self.num_local_experts
         self._plan: ExpertRows | None = None
         self._probs: torch.Tensor | None = None
-        self._num_tokens = 0
 
     def dispatch(self, hidden: torch.Tensor, routing: RouterOutput) -> tuple[torch.Tensor, list[int]]:
         """Rows for the local experts and the rows of each, from ``hidden [T, h]``; ``combine``
@@ -107,13 +106,13 @@ class AllGatherTokenDispatcher(_TokenDispatcher):
             min_rows=None if capacity is None else capacity * self.ep_size,
             alignment=self.config.moe_router_padding_for_alignment,
         )
-        self._probs, self._num_tokens = (None if with_probs else probs), hidden.shape[0]
+        self._probs = None if with_probs else probs
         row_probs = permute_probs(probs, self._plan) if with_probs else None
         return permute(hidden, self._plan), row_probs, self._plan.rows_per_expert.tolist()
 
     def combine(self, rows: torch.Tensor) -> torch.Tensor:
         """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
-        out = unpermute(rows, self._plan, self._probs, self._num_tokens)
+        out = unpermute(rows, self._plan, self._probs)
         self._forget()
         if self.ep_size > 1:
             out = reduce_scatter_to_sequence_parallel_region(out, self.ep_group)
@@ -143,7 +142,7 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
             min_rows=self._capacity_rows(hidden.shape[0]),
             alignment=self.config.moe_router_padding_for_alignment,
         )
-        self._probs, self._num_tokens = (None if with_probs else routing.probs), hidden.shape[0]
+        self._probs = None if with_probs else routing.probs
         rows = permute(hidden, self._plan)
         if with_probs:  # the probabilities travel as one more column of the rows
             rows = torch.cat(
@@ -181,6 +180,6 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
             back = [list(column) for column in zip(*self._send, strict=True)]
             rows = exchange_rows(source_major, self.ep_group, back, via_all_gather=self.via_all_gather)
             self._order = None
-        out = unpermute(rows, self._plan, self._probs, self._num_tokens)
+        out = unpermute(rows, self._plan, self._probs)
         self._forget()
         return out

@@ -1,0 +1,143 @@
+"""``moe_permute`` / ``moe_unpermute``: the reference against a per-token float64 oracle (dropped
+assignments, padding rows, with and without probabilities); the Triton kernels against the
+reference, forward and backward, under Triton's interpreter on the CPU (float32: 123 tokens, 7 and
+64 experts, k = 1, 2, 4, hidden sizes across one and several column blocks) and on a GPU (``gpu``,
+bfloat16); argument errors."""
+
+import pytest
+import torch
+from mcore_kernels import moe_permute, moe_unpermute, use_backend
+from mcore_testing.triton_interpreter import interpreted_mismatches
+
+
+def _row_map(tokens, experts, topk, *, alignment=4, seed=0):
+    """``(row_map [T, k], num_rows)``: assignments grouped by expert in token order, each group
+    padded to ``alignment`` rows, every fifth assignment dropped."""
+    generator = torch.Generator().manual_seed(seed)
+    indices = torch.stack([torch.randperm(experts, generator=generator)[:topk] for _ in range(tokens)])
+    row_map = torch.full((tokens, topk), -1, dtype=torch.int64)
+    row = 0
+    for expert in range(experts):
+        for t in range(tokens):
+            for j in range(topk):
+                if indices[t, j] == expert and (t * topk + j) % 5 != 4:
+                    row_map[t, j] = row
+                    row += 1
+        row = (row + alignment - 1) // alignment * alignment
+    return row_map, row
+
+
+def test_reference_matches_a_per_token_oracle():
+    row_map, num_rows = _row_map(11, 5, 2)
+    hidden = torch.randn(11, 3, dtype=torch.float64)
+    rows = torch.randn(num_rows, 3, dtype=torch.float64)
+    probs = torch.rand(11, 2, dtype=torch.float64)
+    permuted = torch.zeros(num_rows, 3, dtype=torch.float64)
+    expected = torch.zeros(11, 3, dtype=torch.float64)
+    for t in range(11):
+        for j in range(2):
+            if row_map[t, j] >= 0:
+                permuted[row_map[t, j]] = hidden[t]
+                expected[t] += probs[t, j] * rows[row_map[t, j]]
+    assert torch.equal(moe_permute(hidden, row_map, num_rows), permuted)
+    torch.testing.assert_close(moe_unpermute(rows, row_map, probs), expected, rtol=0, atol=1e-12)
+    unweighted = moe_unpermute(rows, row_map)
+    torch.testing.assert_close(
+        unweighted, moe_unpermute(rows, row_map, torch.ones(11, 2, dtype=torch.float64))
+    )
+
+
+CASES = [(123, experts, topk, hidden) for experts in (7, 64) for topk in (1, 2, 4) for hidden in (40, 1100)]
+
+
+def _case_id(case):
+    return "{}x{}-k{}-h{}".format(*case)
+
+
+def _run(case, backend, *, dtype=torch.float32, device="cpu"):
+    """Permute, unpermute with probabilities, and the gradients of a weighted sum of both outputs:
+    ``(permuted, combined, dhidden, drows, dprobs)``."""
+    tokens, experts, topk, width = case
+    row_map, num_rows = _row_map(tokens, experts, topk, seed=experts + topk)
+    generator = torch.Generator().manual_seed(width)
+    hidden = torch.randn(tokens, width, generator=generator).to(device, dtype).requires_grad_(True)
+    rows = torch.randn(num_rows, width, generator=generator).to(device, dtype).requires_grad_(True)
+    probs = torch.rand(tokens, topk, generator=generator).to(device, dtype).requires_grad_(True)
+    w_permuted = torch.randn(num_rows, width, generator=generator).to(device, dtype)
+    w_combined = torch.randn(tokens, width, generator=generator).to(device, dtype)
+    row_map = row_map.to(device)
+    with use_backend(backend):
+        permuted = moe_permute(hidden, row_map, num_rows)
+        combined = moe_unpermute(rows, row_map, probs)
+    ((permuted * w_permuted).sum() + (combined * w_combined).sum()).backward()
+    return permuted.detach(), combined.detach(), hidden.grad, rows.grad, probs.grad
+
+
+def _interpreted_mismatches() -> list:
+    """Run in a fresh process with ``TRITON_INTERPRET=1``: the (case, tensor) pairs where the Triton
+    kernels and the reference disagree."""
+    mismatches = []
+    names = ("permuted", "combined", "dhidden", "drows", "dprobs")
+    for case in CASES:
+        for name, a, b in zip(names, _run(case, "triton"), _run(case, "reference"), strict=True):
+            if not torch.allclose(a, b, 1e-5, 1e-5):
+                mismatches.append([_case_id(case), name])
+    return mismatches
+
+
+def test_triton_kernels_match_the_reference_under_the_interpreter():
+    assert interpreted_mismatches(__file__) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_triton_kernels_match_the_reference_on_a_gpu(case):
+    triton = _run(case, "triton", dtype=torch.bfloat16, device="cuda")
+    reference = _run(case, "reference", dtype=torch.bfloat16, device="cuda")
+    for a, b in zip(triton, reference, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: moe_permute(torch.ones(3, 2, dtype=torch.int64), torch.zeros(3, 1, dtype=torch.int64), 3),
+            TypeError,
+            "hidden must be a floating-point",
+        ),
+        (
+            lambda: moe_permute(torch.ones(3, 2), torch.zeros(3, 1), 3),
+            ValueError,
+            r"row_map must be an int64 \[T=3, k\]",
+        ),
+        (
+            lambda: moe_permute(torch.ones(3, 2), torch.zeros(2, 1, dtype=torch.int64), 3),
+            ValueError,
+            r"row_map must be an int64 \[T=3, k\]",
+        ),
+        (
+            lambda: moe_permute(torch.ones(3, 2), torch.zeros(3, 1, dtype=torch.int64), -1),
+            ValueError,
+            "num_rows must be a non-negative int",
+        ),
+        (
+            lambda: moe_unpermute(torch.ones(3), torch.zeros(3, 1, dtype=torch.int64)),
+            TypeError,
+            "rows must be a floating-point",
+        ),
+        (
+            lambda: moe_unpermute(torch.ones(3, 2), torch.zeros(3, dtype=torch.int64)),
+            ValueError,
+            r"row_map must be an int64 \[T, k\]",
+        ),
+        (
+            lambda: moe_unpermute(torch.ones(3, 2), torch.zeros(3, 1, dtype=torch.int64), torch.ones(3, 2)),
+            ValueError,
+            "probs must be a floating-point tensor of row_map's shape",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
