@@ -11,7 +11,9 @@ from safetensors.torch import load_file
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 64
-QWEN3_MOE = dict(normalization="RMSNorm", position_embedding_type="rope", qk_layernorm=True, num_query_groups=1)
+QWEN3_MOE = dict(
+    normalization="RMSNorm", position_embedding_type="rope", qk_layernorm=True, num_query_groups=1
+)
 
 
 def _export_body(directory, grouped):
