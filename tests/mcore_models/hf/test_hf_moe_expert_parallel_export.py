@@ -48,3 +48,12 @@ def test_export_of_an_expert_parallel_model_equals_the_one_process_export(
     for name, tensor in reference.items():
         assert torch.equal(ours[name], tensor), name
     torch.testing.assert_close(hf_logits(tmp_path / "ep", ids), logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gpt2"])
+def test_dense_families_refuse_a_model_with_moe_layers(family):
+    """Exporting one as a dense family would drop its experts."""
+    from mcore_models.hf.registry import mapping_for
+
+    with pytest.raises(ValueError, match=f"^{family} has dense MLPs; export a model with MoE layers as"):
+        mapping_for(family).config_to_hf(moe_config(**QWEN3_MOE), VOCAB)
