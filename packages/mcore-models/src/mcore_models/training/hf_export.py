@@ -44,9 +44,8 @@ def export_final_model(model, groups: ProcessGroupCollection, directory: str, to
     model.eos_token_ids, model.pad_token_id = (tokenizer.eod_id,), tokenizer.pad_id
     writer_replica = all(dist.get_rank(g) == 0 for g in (groups.dp, groups.cp) if g is not None)
     takes_part = torch.tensor([float(writer_replica)], device=get_group_device(groups.tp))
-    if (
-        groups.ep is not None and dist.get_world_size(groups.ep) > 1
-    ):  # the peers holding the replica's other experts join it
+    # the expert-parallel peers holding the writing replica's other experts join it
+    if groups.ep is not None and dist.get_world_size(groups.ep) > 1:
         dist.all_reduce(takes_part, op=dist.ReduceOp.MAX, group=groups.ep)
     if takes_part.item():
         export_hf_checkpoint(model, directory, model_type=hf_model_type(model.config))
