@@ -13,6 +13,7 @@ from mcore_parallel import ProcessGroupCollection
 from ..config.transformer_config import TransformerConfig
 from ..models.gpt.model import GPTModel
 from ..transformer.process_groups import resolve_process_groups
+from .expert_parallel import expert_parallel_group, gather_expert_parallel_state
 from .io import read_hf_config, read_hf_generation_config, read_hf_weights, write_hf_checkpoint
 from .kv_heads import deduplicate_kv_heads, query_groups_for_tp, replicate_kv_heads
 from .registry import mapping_for
@@ -110,8 +111,11 @@ def export_hf_checkpoint(
     *,
     num_key_value_heads: int | None = None,
 ) -> None:
-    """Write ``model`` as an HF checkpoint ``from_pretrained`` loads (collective over its TP group;
-    TP rank 0 writes). ``model_type`` defaults to the family the model was imported from. The
+    """Write ``model`` as an HF checkpoint ``from_pretrained`` loads (collective over its TP group
+    and, with experts spread over an expert-parallel group, over that group too: the experts are
+    gathered one tensor at a time and the checkpoint equals an EP = 1 export; the rank that is TP
+    rank 0 and expert-parallel rank 0 writes). With data-parallel replicas, call it on the ranks of
+    one replica. ``model_type`` defaults to the family the model was imported from. The
     model's special token ids go into ``config.json`` and ``generation_config.json``.
 
     The vocabulary padding is dropped (``model.vocab_size`` rows). ``num_key_value_heads``
@@ -134,7 +138,10 @@ def export_hf_checkpoint(
         raise ValueError(
             f"num_key_value_heads ({kv_heads}) must divide config.num_query_groups ({config.num_query_groups})"
         )
+    ep_group = expert_parallel_group(model)
     state = gather_full_state_dict(model, model.tp_group)
+    if ep_group is not None:
+        gather_expert_parallel_state(model, state)
     for name in _VOCAB_ROWS:
         if name in state:
             state[name] = state[name][: model.vocab_size]
@@ -142,7 +149,7 @@ def export_hf_checkpoint(
     if kv_heads != config.num_query_groups:  # on every rank, so an error leaves none waiting
         weights = deduplicate_kv_heads(weights, config.num_query_groups // kv_heads, config.kv_channels)
         hf_config["num_key_value_heads"] = kv_heads
-    if dist.get_rank(model.tp_group) == 0:
+    if dist.get_rank(model.tp_group) == 0 and (ep_group is None or dist.get_rank(ep_group) == 0):
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             config.params_dtype
         ]
@@ -150,3 +157,5 @@ def export_hf_checkpoint(
         hf_config |= {"model_type": model_type, "architectures": [mapping.architecture], "dtype": dtype}
         write_hf_checkpoint(directory, hf_config | special_tokens, weights, special_tokens)
     dist.barrier(group=model.tp_group)
+    if ep_group is not None:
+        dist.barrier(group=ep_group)

@@ -70,6 +70,7 @@ class GPT2Mapping(HFMapping):
         return kwargs, hf["vocab_size"]
 
     def config_to_hf(self, config: TransformerConfig, vocab_size: int) -> dict[str, Any]:
+        self.check_mlp_kind(config)
         activation = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}.get(config.activation)
         if (
             activation is None

@@ -39,6 +39,7 @@ class GptOssMapping(LlamaMapping):
     model_type: ClassVar[str] = "gpt_oss"
     architecture: ClassVar[str] = "GptOssForCausalLM"
     special_token_defaults: ClassVar[dict[str, Any]] = {}
+    has_moe_layers: ClassVar[bool] = True
 
     # -- config --------------------------------------------------------------------------------
     def bias_from_hf(self, hf: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class LlamaMapping(HFMapping):
         return kwargs, hf["vocab_size"]
 
     def config_to_hf(self, config: TransformerConfig, vocab_size: int) -> dict[str, Any]:
+        self.check_mlp_kind(config)
         activation = {v: k for k, v in _ACTIVATIONS.items()}.get(config.activation)
         if activation is None or config.normalization != "RMSNorm":
             raise ValueError(

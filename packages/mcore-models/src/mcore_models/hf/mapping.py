@@ -15,11 +15,21 @@ class HFMapping:
     Subclasses set ``model_type`` and ``architecture`` and implement the four conversions.
     ``special_token_defaults`` holds the ``bos_token_id``/``eos_token_id``/``pad_token_id`` that
     ``transformers`` assumes for the family when ``config.json`` omits them (absent: ``None``).
+    ``has_moe_layers``: the family's MLPs are mixtures of experts.
     """
 
     model_type: ClassVar[str]
     architecture: ClassVar[str]
     special_token_defaults: ClassVar[dict[str, Any]] = {}
+    has_moe_layers: ClassVar[bool] = False
+
+    def check_mlp_kind(self, config: TransformerConfig) -> None:
+        """``ValueError`` for an MoE model in a dense family (export would drop its experts)."""
+        if config.num_moe_experts is not None and not self.has_moe_layers:
+            raise ValueError(
+                f"{self.model_type} has dense MLPs; export a model with MoE layers as mixtral, "
+                "qwen2_moe, qwen3_moe or gpt_oss"
+            )
 
     def config_from_hf(self, hf: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """``TransformerConfig`` keyword arguments and the vocabulary size of an HF ``config.json``."""

@@ -22,6 +22,7 @@ class MoEMapping:
     block: ClassVar[str] = "mlp."
     expert_names: ClassVar[tuple[str, str, str]] = ("gate_proj", "up_proj", "down_proj")
     has_shared_expert: ClassVar[bool] = False
+    has_moe_layers: ClassVar[bool] = True
     experts_key: ClassVar[str] = "num_experts"
 
     # -- config --------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from mcore_api import experimental_api, internal_api
 from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
-from ..transformer.moe import MoELayer
+from ..transformer.moe.expert_names import expert_parallel_parameters, global_expert_name
 from ..transformer.process_groups import resolve_process_groups
 from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
@@ -59,24 +59,14 @@ def _global_names(model: TrainModel) -> list[tuple[str, torch.nn.Parameter, tupl
     An MoE layer's experts are named by their global expert index: ``local_experts.<j>`` becomes
     ``local_experts.<first + j>``; tensors stacked by expert (``GroupedExperts``) get the sharding
     ``(ep_group, 0)``, so an expert-parallel rank's experts are its slice of the global stack."""
-    experts: dict[torch.nn.Parameter, MoELayer] = {
-        p: layer
-        for layer in model.container.modules()
-        if isinstance(layer, MoELayer)
-        for p in layer.experts.parameters()
-    }
+    experts = expert_parallel_parameters(model.container)
     named = []
     for local_name, param in model.container.named_parameters():
         name, sharding = model.global_parameter_name(local_name), None
         layer = experts.get(param)
-        if layer is not None and layer.ep_group is not None:
-            parts = name.split(".")
-            if "local_experts" in parts[:-1]:
-                at = parts.index("local_experts") + 1
-                parts[at] = str(int(parts[at]) + layer.local_expert_offset)
-                name = ".".join(parts)
-            else:
-                sharding = (layer.ep_group, 0)
+        if layer is not None:
+            renamed = global_expert_name(name, layer.local_expert_offset)
+            name, sharding = (name, (layer.ep_group, 0)) if renamed is None else (renamed, None)
         named.append((name, param, sharding))
     return named
 

@@ -183,7 +183,9 @@ class TrainingConfig:
     )
     sample_prompt: str = config_field("def __init__(self", help="Prompt of the generated sample.")
     export_hf: str | None = config_field(
-        None, help="Also write the final model as a Hugging Face Llama checkpoint to this directory."
+        None,
+        help="Also write the final model as a Hugging Face checkpoint to this directory "
+        "(Llama; with MoE layers Mixtral, Qwen3-MoE or Qwen2-MoE, at any expert-parallel size).",
     )
     save_grads_interval: int | None = config_field(
         None,

@@ -19,8 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from ..transformer.moe import MoELayer
-
-_LOCAL_EXPERTS = "local_experts."
+from ..transformer.moe.expert_names import global_expert_name
 
 
 @dataclass(frozen=True)
@@ -67,11 +66,9 @@ class ExpertCheckpointNames:
         layer = self._layer(name)
         if layer is None:
             return name, value
-        rest = name[len(layer.prefix) :]
-        if rest.startswith(_LOCAL_EXPERTS):
-            index, _, tail = rest[len(_LOCAL_EXPERTS) :].partition(".")
-            shift = layer.first if to_global else -layer.first
-            return f"{layer.prefix}{_LOCAL_EXPERTS}{int(index) + shift}.{tail}", value
+        renamed = global_expert_name(name, layer.first if to_global else -layer.first)
+        if renamed is not None:
+            return renamed, value
         if not isinstance(value, DTensor):
             return name, value
         ep = self.mesh.size(0)

@@ -49,6 +49,7 @@ from .fsdp import (
     fsdp_parameter_count,
 )
 from .generation import greedy_generate
+from .hf_export import export_final_model, hf_model_type
 from .lr_schedule import learning_rate
 from .metrics_log import MetricsLog
 from .model_setup import build_train_model
@@ -77,7 +78,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
             other than ``torch_dist``, an expert-parallel size that does not fit (see
             ``_check_expert_parallel``), a layout ``--fsdp`` cannot run, or an option context
-            parallelism cannot (see ``_check_context_parallel``), or a model that the checkpoint
+            parallelism cannot (see ``_check_context_parallel``), ``export_hf`` for a model no Hugging
+            Face family holds (see ``hf_export.hf_model_type``), or a model that the checkpoint
             to resume (``checkpoint.load``) does not hold (see ``check_model_matches_checkpoint``).
     """
     model, training = configs.model, configs.training
@@ -121,6 +123,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
         )
     _check_expert_parallel(configs, world_size // mp)
+    if configs.training.export_hf:
+        hf_model_type(model)  # a model no Hugging Face family holds is refused before training
     if training.fsdp:
         check_fsdp_layout(configs)
     resume_from = latest_checkpoint_directory(checkpoint.load) if checkpoint.load is not None else None
@@ -146,12 +150,6 @@ def _check_expert_parallel(configs: TrainConfigs, dp_cp: int) -> None:
             ["expert_model_parallel_size", "nproc_per_node"],
             f"expert_model_parallel_size ({ep}) must divide the data x context parallel ranks ({dp_cp} = "
             "ranks / (TP x PP)): expert-parallel ranks are taken from them",
-        )
-    if configs.training.export_hf:
-        raise ConfigError(
-            ["expert_model_parallel_size", "export_hf"],
-            "Hugging Face export needs all experts on one rank: train with expert_model_parallel_size 1, "
-            "or convert the checkpoint afterwards",
         )
 
 
@@ -483,13 +481,7 @@ def _log_grads(logger: DataGradientLogger, model) -> None:
 
 
 def _export_hf(exported, model, groups, directory: str, tokenizer) -> None:
-    """``exported`` (this rank's unsharded ``GPTModel``) as a Hugging Face Llama checkpoint whose
-    eos and pad ids are the tokenizer's end-of-document and pad ids."""
-    from ..hf.checkpoint import export_hf_checkpoint
-
+    """``exported`` (this rank's unsharded ``GPTModel``) as a Hugging Face checkpoint (see ``hf_export``)."""
     if len(model.chunks) != 1 or dist.get_world_size(groups.pp) != 1:
         raise ConfigError(["export_hf", "pipeline_model_parallel_size"], "Hugging Face export needs PP = 1")
-    exported.eos_token_ids, exported.pad_token_id = (tokenizer.eod_id,), tokenizer.pad_id
-    if dist.get_rank(groups.dp) == 0:
-        export_hf_checkpoint(exported, directory, model_type="llama")
-    dist.barrier()
+    export_final_model(exported, groups, directory, tokenizer)
