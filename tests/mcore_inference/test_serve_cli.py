@@ -44,7 +44,15 @@ def test_two_engines_serve_the_openai_client_and_sigterm_stops_them(model_dir, r
     )
     assert 0 not in tokens  # the text comparison below covers every token
     port = find_free_port()
-    args = [str(model_dir), "--data-parallel-size", "2", "--api-key", "k", "--kv-cache-memory", str(KV_CACHE_BYTES)]
+    args = [
+        str(model_dir),
+        "--data-parallel-size",
+        "2",
+        "--api-key",
+        "k",
+        "--kv-cache-memory",
+        str(KV_CACHE_BYTES),
+    ]
     process = start_serve(args, tmp_path, port)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=60)
@@ -106,6 +114,12 @@ def test_a_port_in_use_is_refused(model_dir, tmp_path):
         result = run_serve([str(model_dir), "--port", str(port)], tmp_path)
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_a_max_model_len_beyond_the_models_positions_is_refused(model_dir, tmp_path):
+    result = run_serve([str(model_dir), "--max-model-len", "1000"], tmp_path)
+    assert result.returncode == 1
+    assert "--max-model-len 1000 exceeds the model's maximum position 256" in result.stderr
 
 
 @pytest.mark.parametrize(

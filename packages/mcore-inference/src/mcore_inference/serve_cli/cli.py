@@ -23,7 +23,13 @@ from ..server.tokenizer import TokenizerAdapter
 from .config import EngineProcessConfig, ServeConfig
 from .engine_process import start_engine_processes, stop_engine_processes
 from .errors import ServeStartupError
-from .startup import DEFAULT_MODEL_DIR, FrontEndModel, check_port_free, load_front_end_model, resolve_model_dir
+from .startup import (
+    DEFAULT_MODEL_DIR,
+    FrontEndModel,
+    check_port_free,
+    load_front_end_model,
+    resolve_model_dir,
+)
 
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions) with "
@@ -99,7 +105,9 @@ def _default_model_name(front: FrontEndModel) -> str:
     return directory.name
 
 
-def _serve_until_signal(front: FrontEndModel, config: ServeConfig, address: str, signals) -> None:
+def _serve_until_signal(
+    front: FrontEndModel, config: ServeConfig, address: str, signals: _StartupSignals
+) -> None:
     """Run the HTTP front end until SIGTERM or SIGINT has drained it; prints its URL once up."""
     app = build_app(
         InferenceClient(address),
@@ -130,8 +138,10 @@ def _shut_down(coordinator: InferenceCoordinator, processes: list[BaseProcess]) 
     """Stop the engines through the coordinator, then the coordinator; kill what lingers."""
     try:
         asyncio.run(asyncio.wait_for(InferenceClient(coordinator.address).shutdown(), 10))
-    except Exception as error:  # noqa: BLE001 -- the engines are killed below either way
-        print(f"mcore-serve: the engines did not acknowledge the shutdown ({error}); stopping them", flush=True)
+    except Exception as error:
+        print(
+            f"mcore-serve: the engines did not acknowledge the shutdown ({error}); stopping them", flush=True
+        )
     finally:
         coordinator.close()
         stop_engine_processes(processes)

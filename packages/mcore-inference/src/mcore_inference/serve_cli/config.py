@@ -8,8 +8,6 @@ from typing import Literal
 
 from mcore_parallel import ConfigError, config_field
 
-LogLevel = Literal["critical", "error", "warning", "info", "debug"]
-
 
 @dataclass
 class ServeConfig:
@@ -40,7 +38,9 @@ class ServeConfig:
     engine_startup_timeout: float = config_field(
         600.0, minimum=1.0, help="Seconds to wait for the engine processes to load the model."
     )
-    log_level: LogLevel = config_field("info", help="uvicorn's log level.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = config_field(
+        "info", help="uvicorn's log level."
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcore_models.data import Tokenizer
+
 from .errors import ServeStartupError
 
 DEFAULT_MODEL_DIR = Path("mcore-train-output") / "checkpoints"
@@ -45,7 +47,7 @@ class FrontEndModel:
     """What the HTTP front end needs of the checkpoint."""
 
     directory: Path
-    tokenizer: object  # mcore_models.data.Tokenizer
+    tokenizer: Tokenizer
     max_model_len: int
     source: str
 
@@ -61,7 +63,9 @@ def load_front_end_model(model_dir: Path, dtype: str, max_model_len: int | None)
     loaded = load_checkpoint_for_inference(model_dir, dtype=getattr(torch, dtype))
     limit = loaded.model.max_sequence_length or loaded.config.max_position_embeddings
     if max_model_len is not None and max_model_len > limit:
-        raise ServeStartupError(f"--max-model-len {max_model_len} exceeds the model's maximum position {limit}")
+        raise ServeStartupError(
+            f"--max-model-len {max_model_len} exceeds the model's maximum position {limit}"
+        )
     parameters = sum(p.numel() for p in loaded.model.parameters())
     print(
         f"mcore-serve: {loaded.source} checkpoint {loaded.directory}: {parameters / 1e6:.2f} M parameters, "
