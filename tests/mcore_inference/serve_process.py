@@ -68,6 +68,26 @@ def start_serve(args: list[str], cwd: Path, port: int, timeout: float = 180) -> 
     raise RuntimeError(f"mcore-serve did not become healthy:\n{process.communicate()[0]}")
 
 
+def start_serve_until(args: list[str], cwd: Path, port: int, line: str, timeout: float = 120):
+    """Start ``mcore-serve ARGS --port PORT`` and read its output until a line containing
+    ``line``; ``(process, lines so far)``."""
+    process = subprocess.Popen(
+        [str(MCORE_SERVE), *args, "--port", str(port)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines.append(process.stdout.readline())
+        if line in lines[-1] or not lines[-1]:
+            return process, "".join(lines)
+    process.kill()
+    raise RuntimeError(f"mcore-serve did not print {line!r}:\n{''.join(lines)}")
+
+
 def stop_serve(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
     """SIGTERM ``process``; its exit status and output (``TimeoutExpired`` past ``timeout``)."""
     process.send_signal(signal.SIGTERM)

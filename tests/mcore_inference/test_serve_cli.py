@@ -14,7 +14,14 @@ import pytest
 from mcore_parallel import find_free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_process import KV_CACHE_BYTES, run_serve, start_serve, stop_serve, write_tiny_hf_model
+from serve_process import (
+    KV_CACHE_BYTES,
+    run_serve,
+    start_serve,
+    start_serve_until,
+    stop_serve,
+    write_tiny_hf_model,
+)
 
 pytestmark = pytest.mark.slow  # each mcore-serve imports torch and starts engine processes
 
@@ -76,6 +83,17 @@ def test_two_engines_serve_the_openai_client_and_sigterm_stops_them(model_dir, r
     with socket.socket() as probe:  # nothing listens on the port any more (closed connections may linger)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
+
+
+def test_sigterm_while_the_engines_load_stops_everything(model_dir, tmp_path):
+    port = find_free_port()
+    args = [str(model_dir), "--data-parallel-size", "2", "--kv-cache-memory", str(KV_CACHE_BYTES)]
+    process, before = start_serve_until(args, tmp_path, port, "starting 2 engine processes")
+    started = time.monotonic()
+    returncode, output = stop_serve(process)
+    assert returncode == 0, before + output
+    assert "interrupted during start-up; stopped" in output
+    assert time.monotonic() - started < 30
 
 
 def test_no_argument_serves_mcore_trains_default_output(model_dir, tmp_path):

@@ -157,8 +157,13 @@ def run(model_dir: str | None, serve: ServeConfig, engine: EngineProcessConfig) 
     processes: list[BaseProcess] = []
     try:
         print(f"mcore-serve: starting {serve.data_parallel_size} engine processes ...", flush=True)
-        processes = start_engine_processes(
-            front.directory, coordinator.address, serve.data_parallel_size, engine, front.max_model_len
+        start_engine_processes(
+            processes,
+            front.directory,
+            coordinator.address,
+            serve.data_parallel_size,
+            engine,
+            front.max_model_len,
         )
         _wait_for_engines(coordinator, processes, serve.engine_startup_timeout)
         _serve_until_signal(front, serve, coordinator.address, signals)

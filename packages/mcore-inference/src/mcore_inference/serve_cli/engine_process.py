@@ -27,7 +27,10 @@ def run_engine(
     from ..engine import DynamicInferenceEngine
     from ..engine_endpoint import EngineEndpoint
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to handle
+    # A terminal's Ctrl-C, or a SIGTERM to the whole group (systemd, timeout), is the parent's to
+    # handle: it drains the server while the engines still serve, then shuts them down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     started = time.monotonic()
     loaded = load_checkpoint_for_inference(model_dir, dtype=getattr(torch, config.dtype))
@@ -50,24 +53,27 @@ def run_engine(
 
 
 def start_engine_processes(
-    model_dir: Path, address: str, count: int, config: EngineProcessConfig, max_model_len: int
-) -> list[BaseProcess]:
-    """``count`` engine processes (spawned, so no state of this one is shared) named
-    ``engine0 ..``, sharing the CPU cores evenly."""
+    processes: list[BaseProcess],
+    model_dir: Path,
+    address: str,
+    count: int,
+    config: EngineProcessConfig,
+    max_model_len: int,
+) -> None:
+    """Start ``count`` engine processes (spawned, so no state of this one is shared) named
+    ``engine0 ..``, sharing the CPU cores evenly; each is appended to ``processes`` as it starts
+    (so an interrupted start leaves none unaccounted for)."""
     context = multiprocessing.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // count)
-    processes = [
-        context.Process(
+    for i in range(count):
+        process = context.Process(
             target=run_engine,
             args=(str(model_dir), address, f"engine{i}", config, max_model_len, threads),
             name=f"mcore-serve-engine{i}",
             daemon=True,
         )
-        for i in range(count)
-    ]
-    for process in processes:
         process.start()
-    return processes
+        processes.append(process)
 
 
 def stop_engine_processes(processes: list[BaseProcess], timeout: float = 10.0) -> None:
