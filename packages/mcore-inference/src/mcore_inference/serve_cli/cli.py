@@ -156,7 +156,8 @@ def run(model_dir: str | None, serve: ServeConfig, engine: EngineProcessConfig) 
     coordinator.start()
     processes: list[BaseProcess] = []
     try:
-        print(f"mcore-serve: starting {serve.data_parallel_size} engine processes ...", flush=True)
+        count = serve.data_parallel_size
+        print(f"mcore-serve: starting {count} engine process{'es' if count > 1 else ''} ...", flush=True)
         start_engine_processes(
             processes,
             front.directory,
