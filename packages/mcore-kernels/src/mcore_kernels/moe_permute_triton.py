@@ -30,6 +30,7 @@ def _scatter_kernel(
     HAS_WEIGHTS: tl.constexpr,
     HAS_DOTS: tl.constexpr,
     BLOCK: tl.constexpr,
+    BLOCKS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -40,7 +41,8 @@ def _scatter_kernel(
             if HAS_WEIGHTS:
                 weight = tl.load(weights_ptr + token * K + j).to(tl.float32)
             dot = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, hidden, BLOCK):
+            for block in range(BLOCKS):
+                start = block * BLOCK
                 inside = start + cols < hidden
                 x = tl.load(src_ptr + token * hidden + start + cols, mask=inside, other=0.0).to(tl.float32)
                 tl.store(
@@ -65,10 +67,12 @@ def _gather_kernel(
     K: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
     BLOCK: tl.constexpr,
+    BLOCKS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    for start in range(0, hidden, BLOCK):
+    for block in range(BLOCKS):
+        start = block * BLOCK
         inside = start + cols < hidden
         total = tl.zeros([BLOCK], dtype=tl.float32)
         for j in tl.static_range(K):
@@ -85,6 +89,8 @@ def _gather_kernel(
 
 
 def _block(hidden: int) -> int:
+    """Columns a loop step reads; the kernels loop over ``BLOCKS = cdiv(hidden, BLOCK)`` steps, a
+    compile-time count (Triton 3.2's interpreter cannot loop to a run-time bound with numpy 2.4)."""
     return min(_MAX_BLOCK, triton.next_power_of_2(max(hidden, 1)))
 
 
@@ -114,6 +120,7 @@ def scatter(
             HAS_WEIGHTS=weights is not None,
             HAS_DOTS=other is not None,
             BLOCK=_block(hidden),
+            BLOCKS=triton.cdiv(hidden, _block(hidden)),
         )
     return dst, dots
 
@@ -132,5 +139,6 @@ def gather(src: torch.Tensor, row_map: torch.Tensor, weights: torch.Tensor | Non
             K=row_map.shape[1],
             HAS_WEIGHTS=weights is not None,
             BLOCK=_block(hidden),
+            BLOCKS=triton.cdiv(hidden, _block(hidden)),
         )
     return dst

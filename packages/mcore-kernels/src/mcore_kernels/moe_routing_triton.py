@@ -79,7 +79,7 @@ def _routing_forward_kernel(
     chosen = cols[None, :] < 0  # all False
     for j in tl.static_range(K):
         if CHOOSE:
-            open_ = valid & ~chosen
+            open_ = valid & (chosen == 0)  # not ~chosen: Triton 3.2's interpreter cannot invert a boolean
             best = tl.max(tl.where(open_, choice, float("-inf")), axis=1)
             hit = open_ & (choice == best[:, None])
             pick = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)

@@ -63,6 +63,7 @@ def _softmax_forward_kernel(
     HAS_MASK: tl.constexpr,
     HAS_SINK: tl.constexpr,
     BLOCK: tl.constexpr,
+    BLOCKS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     # first pass: the row's maximum and the sum of exponentials, rescaled block by block
@@ -71,8 +72,8 @@ def _softmax_forward_kernel(
         sink = tl.load(sink_ptr + (row // n_q) % n_heads).to(tl.float32)
         m = sink
     z = tl.full([], 0.0, tl.float32)
-    for start in range(0, n_k, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    for block in range(BLOCKS):
+        cols = block * BLOCK + tl.arange(0, BLOCK)
         s, keep = _allowed_scores(
             x_ptr, allowed_ptr, row, cols, n_q, n_k, scale, window, CAUSAL, HAS_WINDOW, HAS_MASK
         )
@@ -86,8 +87,8 @@ def _softmax_forward_kernel(
         z = z + e_sink
     inverse = 1.0 / tl.where(z > 0.0, z, 1.0)  # an empty row's terms are all zero
     # second pass: the probabilities
-    for start in range(0, n_k, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    for block in range(BLOCKS):
+        cols = block * BLOCK + tl.arange(0, BLOCK)
         s, keep = _allowed_scores(
             x_ptr, allowed_ptr, row, cols, n_q, n_k, scale, window, CAUSAL, HAS_WINDOW, HAS_MASK
         )
@@ -108,17 +109,18 @@ def _softmax_backward_kernel(
     scale,
     HAS_SINK: tl.constexpr,
     BLOCK: tl.constexpr,
+    BLOCKS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     dot = tl.full([], 0.0, tl.float32)
-    for start in range(0, n_k, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    for block in range(BLOCKS):
+        cols = block * BLOCK + tl.arange(0, BLOCK)
         inside = cols < n_k
         p = tl.load(p_ptr + row * n_k + cols, mask=inside, other=0.0).to(tl.float32)
         dp = tl.load(dp_ptr + row * n_k + cols, mask=inside, other=0.0).to(tl.float32)
         dot += tl.sum(p * dp, axis=0)
-    for start in range(0, n_k, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    for block in range(BLOCKS):
+        cols = block * BLOCK + tl.arange(0, BLOCK)
         inside = cols < n_k
         offsets = row * n_k + cols
         p = tl.load(p_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
@@ -129,6 +131,8 @@ def _softmax_backward_kernel(
 
 
 def _block(n_k: int) -> int:
+    """Columns a loop step reads; the kernels loop over ``BLOCKS = cdiv(n_k, BLOCK)`` steps, a
+    compile-time count (Triton 3.2's interpreter cannot loop to a run-time bound with numpy 2.4)."""
     return min(triton.next_power_of_2(n_k), MAX_BLOCK)
 
 
@@ -162,6 +166,7 @@ def softmax_forward(
         HAS_MASK=allowed is not None,
         HAS_SINK=sink_logits is not None,
         BLOCK=_block(n_k),
+        BLOCKS=triton.cdiv(n_k, _block(n_k)),
     )
     return probs, p_sink
 
@@ -185,5 +190,6 @@ def softmax_backward(
         scale,
         HAS_SINK=p_sink is not None,
         BLOCK=_block(n_k),
+        BLOCKS=triton.cdiv(n_k, _block(n_k)),
     )
     return dscores, dsink_rows
