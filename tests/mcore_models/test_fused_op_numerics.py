@@ -12,7 +12,9 @@ and rounded once, where the models rounded each bfloat16 step; RMSNorm, RoPE, Ya
 ReLU stayed bit for bit.
 
 Bit for bit where torch and the CPU's instruction set are the recording's (CPU matmuls round
-differently across both); otherwise within rounding (``assert_close`` at the dtype's tolerance).
+differently across both). Elsewhere float32 is compared within 1e-5, and bfloat16 is skipped: at
+torch 2.6 its CPU ops round differently enough that MoE routing flips on near-ties and gradients
+move by more than any tolerance would hide.
 Regenerate with ``python tests/mcore_models/test_fused_op_numerics.py`` only on purpose.
 """
 
@@ -121,17 +123,21 @@ def _environment() -> dict[str, str]:
 @pytest.mark.parametrize(("variant", "dtype"), CASES, ids=[f"{v}-{d}" for v, d in CASES])
 def test_model_numbers_match_the_recording(variant, dtype, run_distributed):
     golden = torch.load(GOLDEN, weights_only=False)
+    exact = golden["environment"] == _environment()
+    if dtype == "bfloat16" and not exact:
+        pytest.skip(
+            f"bf16 numbers are recorded with {golden['environment']}; other torch releases' bf16 CPU ops "
+            "round differently (and MoE routing flips on near-ties), so they are no oracle here"
+        )
     (result,) = run_distributed(forward_backward, 1, variant, dtype, timeout=60)
     expected = golden["cases"][f"{variant}-{dtype}"]
     assert sorted(result) == sorted(expected)
-    exact = golden["environment"] == _environment()
     for key, array in result.items():
         actual, recorded = torch.from_numpy(array), torch.from_numpy(expected[key])
         if exact:
             assert torch.equal(actual, recorded), f"{variant}-{dtype} {key} moved"
         else:
-            tolerance = 2e-2 if dtype == "bfloat16" else 1e-5
-            torch.testing.assert_close(actual, recorded, rtol=tolerance, atol=tolerance, msg=key)
+            torch.testing.assert_close(actual, recorded, rtol=1e-5, atol=1e-5, msg=key)
 
 
 def _record() -> None:
