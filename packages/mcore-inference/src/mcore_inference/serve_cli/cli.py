@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from .errors import ServeStartupError
 from .startup import (
     DEFAULT_MODEL_DIR,
     FrontEndModel,
-    check_port_free,
+    bind_http_socket,
     load_front_end_model,
     resolve_model_dir,
 )
@@ -106,9 +107,10 @@ def _default_model_name(front: FrontEndModel) -> str:
 
 
 def _serve_until_signal(
-    front: FrontEndModel, config: ServeConfig, address: str, signals: _StartupSignals
+    front: FrontEndModel, config: ServeConfig, address: str, signals: _StartupSignals, listener: socket.socket
 ) -> None:
-    """Run the HTTP front end until SIGTERM or SIGINT has drained it; prints its URL once up."""
+    """Run the HTTP front end on ``listener`` until SIGTERM or SIGINT has drained it; prints its
+    URL once up."""
     app = build_app(
         InferenceClient(address),
         TokenizerAdapter(front.tokenizer),
@@ -123,7 +125,7 @@ def _serve_until_signal(
     host = f"[{config.host}]" if ":" in config.host else config.host
 
     async def run() -> None:
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[listener]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
@@ -150,7 +152,23 @@ def _shut_down(coordinator: InferenceCoordinator, processes: list[BaseProcess]) 
 def run(model_dir: str | None, serve: ServeConfig, engine: EngineProcessConfig) -> None:
     """Load, start, serve until a signal, shut down."""
     signals = _StartupSignals()
-    check_port_free(serve.host, serve.port)
+    listener = bind_http_socket(serve.host, serve.port)
+    try:
+        _load_start_and_serve(model_dir, serve, engine, signals, listener)
+    finally:
+        listener.close()
+    print("mcore-serve: stopped", flush=True)
+
+
+def _load_start_and_serve(
+    model_dir: str | None,
+    serve: ServeConfig,
+    engine: EngineProcessConfig,
+    signals: _StartupSignals,
+    listener: socket.socket,
+) -> None:
+    """Load the checkpoint, start the coordinator and the engines, serve on ``listener`` until a
+    signal, then shut the engines and the coordinator down."""
     front = load_front_end_model(resolve_model_dir(model_dir), engine.dtype, serve.max_model_len)
     coordinator = InferenceCoordinator()
     coordinator.start()
@@ -167,11 +185,10 @@ def run(model_dir: str | None, serve: ServeConfig, engine: EngineProcessConfig) 
             front.max_model_len,
         )
         _wait_for_engines(coordinator, processes, serve.engine_startup_timeout)
-        _serve_until_signal(front, serve, coordinator.address, signals)
+        _serve_until_signal(front, serve, coordinator.address, signals, listener)
     finally:
         signals.serving = True  # a signal now must not interrupt the shutdown
         _shut_down(coordinator, processes)
-    print("mcore-serve: stopped", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,17 +29,21 @@ def resolve_model_dir(model_dir: str | None) -> Path:
     )
 
 
-def check_port_free(host: str, port: int) -> None:
-    """``ServeStartupError`` when ``host:port`` cannot be bound (in use, or not an address here)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise ServeStartupError(
-                f"cannot listen on {host}:{port}: {error.strerror or error} (port in use? choose another "
-                "with --port)"
-            ) from error
+def bind_http_socket(host: str, port: int) -> socket.socket:
+    """The front end's socket, bound to ``host:port`` now, before the coordinator and the engines
+    open connections (whose local ports could otherwise take it); ``ServeStartupError`` when it
+    cannot be bound (in use, or not an address here)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise ServeStartupError(
+            f"cannot listen on {host}:{port}: {error.strerror or error} (port in use? choose another "
+            "with --port)"
+        ) from error
+    return listener
 
 
 @dataclass
