@@ -426,12 +426,28 @@ def test_metrics_count_what_was_sent(stack, api):
     assert after[("mcore_requests_running", ())] == 0 and after[("mcore_requests_waiting", ())] == 0
 
 
+def _settled(url: str, quiet: float = 1.5, timeout: float = 15.0) -> dict:
+    """The metrics once no request holds a cache block and the prefix-cache counters have not
+    moved for ``quiet`` seconds (several engine heartbeats)."""
+    deadline = time.monotonic() + timeout
+    last, since = scrape(url), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = scrape(url)
+        key = ("mcore_prefix_cache_queried_tokens", ())
+        if now[key] != last[key] or now[("mcore_kv_cache_usage_ratio", ())] != 0.0:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    return last
+
+
 def test_metrics_report_the_engines_caches(stack, api):
     """Round robin over two engines: a 41-token prompt sent four times meets each engine twice,
     and the second time 40 of its tokens (10 blocks of 4; the last token is always computed)
     come from that engine's prefix cache."""
     prompt = list(range(50, 91))
-    before = scrape(stack.url)
+    before = _settled(stack.url)  # earlier tests' requests reach the counters with later heartbeats
     for _ in range(4):
         api.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     deadline = time.monotonic() + 10
