@@ -106,7 +106,9 @@ def save_model(directory: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(directory)
 
 
-def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict:
+def run_mcore(
+    directory: Path, requests, device: str, cuda_graphs: bool, pack_cpu_weights: bool = True
+) -> dict:
     import torch
     import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine, SamplingParams
@@ -125,6 +127,7 @@ def run_mcore(directory: Path, requests, device: str, cuda_graphs: bool) -> dict
         max_requests=ENGINE_LIMITS["max_requests"],
         max_tokens=ENGINE_LIMITS["max_tokens_per_step"],
         cuda_graphs=cuda_graphs,
+        pack_cpu_weights=pack_cpu_weights,
     )
     engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, num_tokens_to_generate=2))  # warm-up
     runner, first_step = engine.runner, engine.step_count

@@ -62,6 +62,7 @@ from mcore_parallel.tensor_parallel.mappings import (
     scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
+from mcore_parallel.tensor_parallel.packed_weight import cpu_weight_packing_available, set_cpu_weight_packing
 from mcore_parallel.tensor_parallel.random import (
     MODEL_PARALLEL_RNG,
     RNGStatesTracker,
@@ -127,6 +128,7 @@ __all__ = [
     "clip_grad_norm",
     "config_field",
     "copy_to_tensor_model_parallel_region",
+    "cpu_weight_packing_available",
     "dataclass_from_args",
     "default_init_method",
     "destroy_model_parallel",
@@ -158,6 +160,7 @@ __all__ = [
     "scatter_to_sequence_parallel_region",
     "scatter_to_tensor_model_parallel_region",
     "schedule_actions",
+    "set_cpu_weight_packing",
     "set_device_rng_state",
     "sharded_frobenius_norm",
     "sharded_model_state_dict",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from .collectives import resolve_tp_group
 from .initialization import InitMethod, check_divisible, default_init_method, sharded_parameter
@@ -16,6 +15,7 @@ from .mappings import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
+from .packed_weight import PackedLinearWeight, linear
 
 
 class ColumnParallelLinear(torch.nn.Module):
@@ -64,13 +64,14 @@ class ColumnParallelLinear(torch.nn.Module):
             if bias
             else None
         )
+        self.packed_weight: PackedLinearWeight | None = None  # see ``set_cpu_weight_packing``
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.sequence_parallel:
             x = gather_from_sequence_parallel_region(x, self.tp_group, tensor_parallel_output_grad=True)
         else:
             x = copy_to_tensor_model_parallel_region(x, self.tp_group)
-        output = F.linear(x, self.weight, None if self.skip_bias_add else self.bias)
+        output = linear(x, self.weight, None if self.skip_bias_add else self.bias, self.packed_weight)
         if self.gather_output:
             output = gather_from_tensor_model_parallel_region(output, self.tp_group)
         return output, (self.bias if self.skip_bias_add else None)
@@ -127,11 +128,12 @@ class RowParallelLinear(torch.nn.Module):
             self.bias.sequence_parallel = sequence_parallel
         else:
             self.bias = None
+        self.packed_weight: PackedLinearWeight | None = None  # see ``set_cpu_weight_packing``
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.tp_group)
-        partial_output = F.linear(x, self.weight)
+        partial_output = linear(x, self.weight, None, self.packed_weight)
         if self.sequence_parallel:
             output = reduce_scatter_to_sequence_parallel_region(partial_output, self.tp_group)
         else:
