@@ -63,8 +63,6 @@ struct Row {
 };
 
 #if defined(__AVX512F__)
-constexpr int64_t kMaxPerGroup = 64;  // query heads per key head the register path takes
-
 // Softmax numerators in place and their sum; a sink joins the maximum and the sum.
 inline float softmax_numerators(float* s, int64_t length, const float* sink) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -119,22 +117,41 @@ void bf16_head_scores(const __m512bh* qh, const c10::BFloat16* k, int64_t stride
   }
   for (; t < count; ++t) out[t] = _mm512_reduce_add_ps(partial(k + t * stride)) * scale;
 }
-
-// Scores of a bfloat16 key group, head dim PAIRS * 32.
-template <int PAIRS, typename Index>
-void bf16_scores(const Row<c10::BFloat16, Index>& row, const c10::BFloat16* q, int64_t per_group, float scale,
-                 float* scores) {
-  const int64_t first = row.first, length = row.last - first + 1;
-  for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
-                 [&](const c10::BFloat16* rows, int64_t p, int64_t count) {
-                   for (int64_t h = 0; h < per_group; ++h) {
-                     __m512bh qh[PAIRS];
-                     for (int c = 0; c < PAIRS; ++c) qh[c] = (__m512bh)_mm512_loadu_si512(q + h * PAIRS * 32 + c * 32);
-                     bf16_head_scores<PAIRS>(qh, rows, row.token_stride, count, scale, scores + h * length + p - first);
-                   }
-                 });
-}
 #endif
+
+// Scores of the heads of one key group over ``count`` keys k, k + stride, ...: head h's scores go
+// to out + h * length. bfloat16 with an even chunk count uses the dot-product instruction; other
+// dtypes convert the keys to float32 and hold four heads' (pre-scaled) queries in registers.
+template <int CHUNKS, typename T>
+void group_scores(const T* k, int64_t stride, int64_t count, const T* q, int64_t per_group, float scale, float* out,
+                  int64_t length) {
+  constexpr int64_t dim = CHUNKS * 16;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
+    for (int64_t h = 0; h < per_group; ++h) {
+      __m512bh qh[CHUNKS / 2];
+      for (int c = 0; c < CHUNKS / 2; ++c) qh[c] = (__m512bh)_mm512_loadu_si512(q + h * dim + c * 32);
+      bf16_head_scores<CHUNKS / 2>(qh, k, stride, count, scale, out + h * length);
+    }
+    return;
+  }
+#endif
+  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {
+    const int64_t heads = std::min<int64_t>(4, per_group - h0);
+    __m512 qh[4][CHUNKS];
+    for (int64_t h = 0; h < heads; ++h)
+      for (int c = 0; c < CHUNKS; ++c) qh[h][c] = _mm512_mul_ps(load16(q + (h0 + h) * dim + c * 16), _mm512_set1_ps(scale));
+    for (int64_t t = 0; t < count; ++t) {
+      __m512 kc[CHUNKS];
+      for (int c = 0; c < CHUNKS; ++c) kc[c] = load16(k + t * stride + c * 16);
+      for (int64_t h = 0; h < heads; ++h) {
+        __m512 sum = _mm512_mul_ps(qh[h][0], kc[0]);
+        for (int c = 1; c < CHUNKS; ++c) sum = _mm512_fmadd_ps(qh[h][c], kc[c], sum);
+        out[(h0 + h) * length + t] = _mm512_reduce_add_ps(sum);
+      }
+    }
+  }
+}
 
 // The values of bfloat16 rows split into their even and odd elements (vc[2j], vc[2j + 1] hold
 // elements 32j, 32j + 2, ... and 32j + 1, 32j + 3, ...): two integer ops per 32 values instead of
@@ -155,88 +172,70 @@ inline void load_values(const T* v, __m512* vc) {
 
 // Accumulators laid out as load_values loads, written to ``row`` in element order.
 template <int CHUNKS, typename T>
-inline void store_values(const __m512* acc, float* row) {
+inline void store_values(const float* acc, float* row) {
   if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
-    alignas(64) float even[16], odd[16];
-    for (int j = 0; j < CHUNKS / 2; ++j) {
-      _mm512_store_ps(even, acc[2 * j]);
-      _mm512_store_ps(odd, acc[2 * j + 1]);
-      for (int i = 0; i < 16; ++i) row[32 * j + 2 * i] = even[i], row[32 * j + 2 * i + 1] = odd[i];
-    }
+    for (int j = 0; j < CHUNKS / 2; ++j)
+      for (int i = 0; i < 16; ++i) row[32 * j + 2 * i] = acc[32 * j + i], row[32 * j + 2 * i + 1] = acc[32 * j + 16 + i];
   } else {
-    for (int c = 0; c < CHUNKS; ++c) _mm512_store_ps(row + c * 16, acc[c]);
+    std::memcpy(row, acc, CHUNKS * 16 * sizeof(float));
   }
 }
 
-// Scores of one key group's heads, head dim CHUNKS * 16: keys converted to float32, four heads'
-// queries (pre-scaled) in registers at a time.
-template <int CHUNKS, typename T, typename Index>
-void converted_scores(const Row<T, Index>& row, const T* q, int64_t per_group, float scale, float* scores) {
+// Adds the weighted values of ``count`` keys v, v + stride, ... to the accumulators of one key
+// group's heads (acc + h * dim, laid out as load_values loads; weights at weights + h * length),
+// four heads' accumulators in registers at a time.
+template <int CHUNKS, typename T>
+void group_values(const T* v, int64_t stride, int64_t count, const float* weights, int64_t length,
+                  int64_t per_group, float* acc) {
   constexpr int64_t dim = CHUNKS * 16;
-  const int64_t first = row.first, last = row.last;
-  const int64_t length = last - first + 1;
   for (int64_t h0 = 0; h0 < per_group; h0 += 4) {
     const int64_t heads = std::min<int64_t>(4, per_group - h0);
-    __m512 qh[4][CHUNKS];
+    __m512 a[4][CHUNKS];
     for (int64_t h = 0; h < heads; ++h)
-      for (int c = 0; c < CHUNKS; ++c) qh[h][c] = _mm512_mul_ps(load16(q + (h0 + h) * dim + c * 16), _mm512_set1_ps(scale));
-    for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, last,
-                   [&](const T* rows, int64_t p, int64_t count) {
-                     for (int64_t t = 0; t < count; ++t) {
-                       const T* k = rows + t * row.token_stride;
-                       __m512 kc[CHUNKS];
-                       for (int c = 0; c < CHUNKS; ++c) kc[c] = load16(k + c * 16);
-                       for (int64_t h = 0; h < heads; ++h) {
-                         __m512 sum = _mm512_mul_ps(qh[h][0], kc[0]);
-                         for (int c = 1; c < CHUNKS; ++c) sum = _mm512_fmadd_ps(qh[h][c], kc[c], sum);
-                         scores[(h0 + h) * length + p - first + t] = _mm512_reduce_add_ps(sum);
-                       }
-                     }
-                   });
+      for (int c = 0; c < CHUNKS; ++c) a[h][c] = _mm512_loadu_ps(acc + (h0 + h) * dim + c * 16);
+    for (int64_t t = 0; t < count; ++t) {
+      __m512 vc[CHUNKS];
+      load_values<CHUNKS>(v + t * stride, vc);
+      for (int64_t h = 0; h < heads; ++h) {
+        const __m512 weight = _mm512_set1_ps(weights[(h0 + h) * length + t]);
+        for (int c = 0; c < CHUNKS; ++c) a[h][c] = _mm512_fmadd_ps(weight, vc[c], a[h][c]);
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h)
+      for (int c = 0; c < CHUNKS; ++c) _mm512_storeu_ps(acc + (h0 + h) * dim + c * 16, a[h][c]);
   }
 }
 
-// One sequence's heads of one key group (``row`` pointing at that group's keys and values), head
-// dim CHUNKS * 16, PER_GROUP heads sharing the keys.
+// One sequence, every head, head dim CHUNKS * 16. The cache is walked a block run at a time with
+// every key group inside it, so each position's keys and values (all groups side by side) are
+// read from memory once: a group at a time would stride through the cache once per group.
 template <int CHUNKS, typename T, typename Index>
-void decode_group_avx512(const Row<T, Index>& row, const T* q, int64_t per_group, float scale, const float* sink,
-                         float* scores, T* out) {
+void decode_row_blocked(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, float scale,
+                        const float* sink, std::vector<float>& scores, std::vector<float>& acc, T* out) {
   constexpr int64_t dim = CHUNKS * 16;
-  const int64_t first = row.first, last = row.last;
-  const int64_t length = last - first + 1;
-#if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0)  // bfloat16 dot products
-    bf16_scores<CHUNKS / 2>(row, q, per_group, scale, scores);
-  else
-#endif
-    converted_scores<CHUNKS>(row, q, per_group, scale, scores);
-  float denominator[kMaxPerGroup];
-  for (int64_t h = 0; h < per_group; ++h) denominator[h] = softmax_numerators(scores + h * length, length, sink ? sink + h : nullptr);
-  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {  // values: four heads' accumulators in registers at a time
-    const int64_t heads = std::min<int64_t>(4, per_group - h0);
-    __m512 acc[4][CHUNKS];
-    for (int64_t h = 0; h < 4; ++h)
-      for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_setzero_ps();
-    for_each_block(row.values, row.table, row.num_blocks, row.block_size, row.token_stride, first, last,
-                   [&](const T* rows, int64_t p, int64_t count) {
-                     for (int64_t t = 0; t < count; ++t) {
-                       const T* v = rows + t * row.token_stride;
-                       __m512 vc[CHUNKS];
-                       load_values<CHUNKS>(v, vc);
-                       for (int64_t h = 0; h < heads; ++h) {
-                         const __m512 weight = _mm512_set1_ps(scores[(h0 + h) * length + p - first + t]);
-                         for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_fmadd_ps(weight, vc[c], acc[h][c]);
-                       }
-                     }
-                   });
-    for (int64_t h = 0; h < heads; ++h) {
-      const __m512 inverse = _mm512_set1_ps(1.f / denominator[h0 + h]);
-      alignas(64) float row[dim];
-      for (int c = 0; c < CHUNKS; ++c) acc[h][c] = _mm512_mul_ps(acc[h][c], inverse);
-      store_values<CHUNKS, T>(acc[h], row);
-      T* o = out + (h0 + h) * dim;
-      for (int64_t i = 0; i < dim; ++i) o[i] = static_cast<T>(row[i]);
-    }
+  const int64_t groups = heads / per_group, first = row.first, length = row.last - first + 1;
+  for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
+                 [&](const T* rows, int64_t p, int64_t count) {
+                   for (int64_t g = 0; g < groups; ++g)
+                     group_scores<CHUNKS>(rows + g * dim, row.token_stride, count, q + g * per_group * dim, per_group,
+                                          scale, scores.data() + g * per_group * length + p - first, length);
+                 });
+  std::vector<float> denominator(heads);
+  for (int64_t h = 0; h < heads; ++h)
+    denominator[h] = softmax_numerators(scores.data() + h * length, length, sink ? sink + h : nullptr);
+  acc.assign(heads * dim, 0.f);
+  for_each_block(row.values, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
+                 [&](const T* rows, int64_t p, int64_t count) {
+                   for (int64_t g = 0; g < groups; ++g)
+                     group_values<CHUNKS>(rows + g * dim, row.token_stride, count,
+                                          scores.data() + g * per_group * length + p - first, length, per_group,
+                                          acc.data() + g * per_group * dim);
+                 });
+  for (int64_t h = 0; h < heads; ++h) {
+    alignas(64) float values[dim];
+    store_values<CHUNKS, T>(acc.data() + h * dim, values);
+    const float inverse = 1.f / denominator[h];
+    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = static_cast<T>(values[i] * inverse);
   }
 }
 #endif
@@ -284,31 +283,24 @@ void decode_row_generic(const Row<T, Index>& row, const T* q, int64_t heads, int
 }
 
 #if defined(__AVX512F__)
-// Head dims of 16 to 128 in steps of 16, with AVX-512: one key group's heads at a time, their
-// queries and accumulators held in registers.
+// Head dims of 16 to 128 in steps of 16, with AVX-512.
 template <typename T, typename Index>
 bool decode_row_avx512(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
-                       float scale, const float* sink, std::vector<float>& scores, T* out) {
+                       float scale, const float* sink, std::vector<float>& scores, std::vector<float>& acc, T* out) {
   if constexpr (std::is_same_v<T, double>) return false;  // float64 takes the portable path
-  if (dim % 16 != 0 || dim > 128 || per_group > kMaxPerGroup) return false;
-  for (int64_t h = 0; h < heads; h += per_group) {
-    Row<T, Index> group = row;
-    group.keys += (h / per_group) * dim;
-    group.values += (h / per_group) * dim;
-    auto run = [&](auto chunks) {
-      decode_group_avx512<decltype(chunks)::value>(group, q + h * dim, per_group, scale, sink ? sink + h : nullptr,
-                                                   scores.data(), out + h * dim);
-    };
-    switch (dim / 16) {
-      case 1: run(std::integral_constant<int, 1>{}); break;
-      case 2: run(std::integral_constant<int, 2>{}); break;
-      case 3: run(std::integral_constant<int, 3>{}); break;
-      case 4: run(std::integral_constant<int, 4>{}); break;
-      case 5: run(std::integral_constant<int, 5>{}); break;
-      case 6: run(std::integral_constant<int, 6>{}); break;
-      case 7: run(std::integral_constant<int, 7>{}); break;
-      default: run(std::integral_constant<int, 8>{}); break;
-    }
+  if (dim % 16 != 0 || dim > 128) return false;
+  auto run = [&](auto chunks) {
+    decode_row_blocked<decltype(chunks)::value>(row, q, heads, per_group, scale, sink, scores, acc, out);
+  };
+  switch (dim / 16) {
+    case 1: run(std::integral_constant<int, 1>{}); break;
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    case 3: run(std::integral_constant<int, 3>{}); break;
+    case 4: run(std::integral_constant<int, 4>{}); break;
+    case 5: run(std::integral_constant<int, 5>{}); break;
+    case 6: run(std::integral_constant<int, 6>{}); break;
+    case 7: run(std::integral_constant<int, 7>{}); break;
+    default: run(std::integral_constant<int, 8>{}); break;
   }
   return true;
 }
@@ -331,7 +323,7 @@ void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Ten
   // prefill chunk see more keys the later they are, and contiguous ranges would load one thread.
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), batch);
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, acc;
     for (int64_t lane = begin; lane < end; ++lane) {
       for (int64_t b = lane; b < batch; b += threads) {
         TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
@@ -344,7 +336,7 @@ void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Ten
         const T* row_q = q + b * heads * dim;
         T* row_out = out + b * heads * dim;
 #if defined(__AVX512F__)
-        if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out))
+        if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, acc, row_out))
           continue;
 #endif
         decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out);
