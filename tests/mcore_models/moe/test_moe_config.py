@@ -58,6 +58,11 @@ def test_moe_defaults_and_cli():
         ),
         ({"moe_input_jitter_eps": 1.5}, "moe_input_jitter_eps", "(0, 1)"),
         ({"moe_expert_capacity_factor": 0.0}, "moe_expert_capacity_factor", "> 0"),
+        (
+            {"moe_expert_capacity_factor": 1.0, "context_parallel_size": 2},
+            "moe_expert_capacity_factor, context_parallel_size",
+            "context parallelism",
+        ),
         ({"moe_pad_expert_input_to_capacity": True}, "moe_pad_expert_input_to_capacity", "capacity"),
         ({"moe_shared_expert_gate": True}, "moe_shared_expert_gate", "shared expert"),
         ({"moe_token_drop_policy": "random"}, "moe_token_drop_policy", "'probs', 'position'"),

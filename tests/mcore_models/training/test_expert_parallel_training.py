@@ -7,13 +7,16 @@ checkpoints, read back into one process (experts by their global index).
 """
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from mcore_models.training import parse_train_args, pretrain, resolve_configs
 from mcore_parallel import ConfigError
 
-MOE = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16, moe_aux_loss_coeff=0.01)
+sys.path.insert(0, str(Path(__file__).parent))
+from moe_training_checks import MOE, assert_same_training, train_losses
 
 
 def _moe(configs, ep=1, **extra):
@@ -24,45 +27,6 @@ def _moe(configs, ep=1, **extra):
 def _run(run_distributed, configs, world_size):
     (report,) = [r for r in run_distributed(pretrain, world_size, configs, timeout=180) if r is not None]
     return report
-
-
-def _losses(report):
-    return torch.tensor([loss for _, loss in report["history"]["train"]])
-
-
-def _final_checkpoint(report) -> dict[str, torch.Tensor]:
-    """Every model tensor of the run's final checkpoint, whole (read on this one process); an
-    FSDP checkpoint's nested ``model`` dict is flattened to the same ``model.<name>`` keys."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state: dict = {}
-    _load_state_dict(
-        state,
-        storage_reader=FileSystemReader(report["checkpoint"]),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    nested = state.pop("model", {})
-    state |= {f"model.{name}": value for name, value in nested.items()}
-    return {k: v for k, v in state.items() if k.startswith("model.")}
-
-
-def _assert_same_training(report, oracle):
-    torch.testing.assert_close(_losses(report), _losses(oracle), rtol=1e-4, atol=0)
-    assert len(set(_losses(report).tolist())) == len(report["history"]["train"])  # it did train
-    params, expected = _final_checkpoint(report), _final_checkpoint(oracle)
-    assert params.keys() == expected.keys()
-    assert any(".local_experts.3." in k or ".experts.weight1" in k for k in params)
-    for key in expected:
-        # Adam divides by the gradient's size: where a gradient is at rounding level, the other
-        # reduction order can move that one weight by a sizeable share of a step (lr 1e-2, 3 steps).
-        # A few such weights are allowed; a wrong reduction moves most weights, and the losses.
-        diff = (params[key] - expected[key]).abs()
-        outside = diff > 1e-5 + 1e-4 * expected[key].abs()
-        assert outside.float().mean() <= 0.01, f"{key}: {int(outside.sum())} of {diff.numel()} weights differ"
-        assert diff.max() <= 3e-2, f"{key}: a weight moved {float(diff.max())} (more than 3 Adam steps)"
 
 
 @pytest.mark.parametrize(
@@ -90,7 +54,7 @@ def test_ep2_trains_like_ep1(
     assert "EP=2 DP=2" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
     assert report["sample"] == oracle["sample"] is not None
-    _assert_same_training(report, oracle)
+    assert_same_training(report, oracle)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +78,7 @@ def test_ep2_on_four_ranks_trains_like_ep1(layout, run_distributed, tiny_configs
     model_parallel = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
     oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel)
     report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4)
-    _assert_same_training(report, oracle)
+    assert_same_training(report, oracle)
 
 
 def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
@@ -131,11 +95,11 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
         run_distributed, _moe(tiny_configs(tmp_path / "ep1", 5, save_interval=2, load=str(source))), 1
     )
     assert resumed["resumed_from"] == 2
-    torch.testing.assert_close(_losses(resumed)[2:], _losses(whole)[2:], rtol=1e-4, atol=0)
+    torch.testing.assert_close(train_losses(resumed)[2:], train_losses(whole)[2:], rtol=1e-4, atol=0)
     at_4 = checkpoint_at(tmp_path / "ep1" / "checkpoints", 4, tmp_path / "at-4")
     again = _run(run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4)), 2), 2)
     assert again["resumed_from"] == 4 and again["iterations_run"] == 1
-    torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
+    torch.testing.assert_close(train_losses(again)[4:], train_losses(whole)[4:], rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
@@ -151,7 +115,7 @@ def test_fsdp_ep2_on_four_ranks_trains_like_ep1(grouped, run_distributed, tiny_c
     assert "EP=2 DP=4 FSDP(optim_grads_params)" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
     assert report["sample"] == oracle["sample"]
-    _assert_same_training(report, oracle)
+    assert_same_training(report, oracle)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
@@ -167,15 +131,15 @@ def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
     configs = tiny_configs(tmp_path / "ep1", 5, load=str(source), fsdp_strategy="optim", **layout)
     resumed = _run(run_distributed, _moe(configs, **experts), 2)
     assert resumed["resumed_from"] == 2
-    torch.testing.assert_close(_losses(resumed)[2:], _losses(whole)[2:], rtol=1e-4, atol=0)
-    _assert_same_training(resumed, whole)
+    torch.testing.assert_close(train_losses(resumed)[2:], train_losses(whole)[2:], rtol=1e-4, atol=0)
+    assert_same_training(resumed, whole)
     at_4 = checkpoint_at(tmp_path / "ep1" / "checkpoints", 4, tmp_path / "at-4")
     again = _run(
         run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), 2, **experts), 4
     )
     assert again["resumed_from"] == 4 and again["iterations_run"] == 1
-    torch.testing.assert_close(_losses(again)[4:], _losses(whole)[4:], rtol=1e-4, atol=0)
-    _assert_same_training(again, whole)
+    torch.testing.assert_close(train_losses(again)[4:], train_losses(whole)[4:], rtol=1e-4, atol=0)
+    assert_same_training(again, whole)
 
 
 @pytest.mark.parametrize(

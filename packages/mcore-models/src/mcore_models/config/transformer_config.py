@@ -336,6 +336,12 @@ class TransformerConfig(ModelParallelConfig):
         factor = self.moe_expert_capacity_factor
         if factor is not None and factor <= 0:
             raise ConfigError(["moe_expert_capacity_factor"], f"must be > 0, got {factor}")
+        if factor is not None and self.context_parallel_size > 1:
+            raise ConfigError(
+                ["moe_expert_capacity_factor", "context_parallel_size"],
+                "expert capacity with context parallelism is not supported: each CP rank would drop "
+                "tokens by its own part of the sequences, not as the whole sequences do",
+            )
         if self.moe_pad_expert_input_to_capacity and factor is None:
             raise ConfigError(
                 ["moe_pad_expert_input_to_capacity", "moe_expert_capacity_factor"],

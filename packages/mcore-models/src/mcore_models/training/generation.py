@@ -2,7 +2,8 @@
 
 Collective over all ranks: each step runs the sequence through the pipeline (forward only), the
 last stage picks the most likely token over the full vocabulary, and it is broadcast to every
-rank of the pipeline. Data-parallel replicas decode the same tokens.
+rank of the pipeline. Data-parallel replicas decode the same tokens. The interleaved schedule
+(virtual pipeline stages) runs the sequence as PP identical micro-batches and reads the first.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def greedy_generate(
     ids = list(prompt_ids)
     last_chunk = model.chunks[-1]
     pp = dist.get_world_size(groups.pp)
+    # the interleaved schedule runs a multiple of PP micro-batches: the sequence that many times
+    copies = pp if len(model.chunks) > 1 else 1
     last_stage_rank = dist.get_global_rank(groups.pp, pp - 1)
     parallel_output = last_chunk.parallel_output
     last_chunk.parallel_output = False  # the full vocabulary for the argmax
@@ -50,7 +53,7 @@ def greedy_generate(
                 "last_position": len(context) - 1,
             }
             outputs = run_micro_batches(
-                model, [batch], groups, forward_only=True, dtype=dtype, last_stage_output=_next_token
+                model, [batch] * copies, groups, forward_only=True, dtype=dtype, last_stage_output=_next_token
             )
             chosen = torch.zeros(1, dtype=torch.int64, device=device)
             if outputs:

@@ -302,7 +302,7 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
                 _log_grads(grad_logger, model)
             with log.timed("optimizer"):
                 grad_norm = optimizer.step()
-                update_expert_biases(model.container, groups.dp)
+                update_expert_biases(model.container, groups.dp_cp)  # CP ranks route other tokens
                 reset_global_loads(model.container)
         loss = global_mean_loss(losses, groups)
         seconds = timers("iteration").stop()

@@ -7,7 +7,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from mcore_api import experimental_api
 from mcore_kernels import moe_topk_routing
-from mcore_parallel.parallel_state import get_data_parallel_group, model_parallel_is_initialized
+from mcore_parallel.parallel_state import (
+    get_context_parallel_group,
+    get_data_parallel_group,
+    model_parallel_is_initialized,
+)
 
 from ...config.transformer_config import TransformerConfig
 from ..init import init_method
@@ -76,9 +80,13 @@ class TopKRouter(torch.nn.Module):
             self.expert_bias = None
         self.last_losses: dict[str, torch.Tensor] = {}
         # global_aux_loss: expert loads (and token count, last entry) since the last reset, summed
-        # over ``data_parallel_group`` (default: the global one of initialize_model_parallel).
+        # over ``data_parallel_group`` (default: the global data x context parallel one of
+        # initialize_model_parallel).
         self.register_buffer("global_load", torch.zeros(self.num_experts + 1), persistent=False)
         self.data_parallel_group: dist.ProcessGroup | None = None
+        # aux_loss / seq_aux_loss count the experts' loads of whole sequences over the ranks that hold
+        # the other parts of them (default: the global context-parallel group)
+        self.context_parallel_group: dist.ProcessGroup | None = None
         self.router_replay: RouterReplay | None = None  # see router_replay.attach_router_replay
 
     def _jitter(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -138,28 +146,42 @@ class TopKRouter(torch.nn.Module):
             routing_map = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, indices, True)
             if config.moe_router_load_balancing_type == "seq_aux_loss":
                 losses["load_balancing_loss"] = sequence_load_balancing_loss(
-                    scores, routing_map, batch, self.topk, config.moe_aux_loss_coeff
+                    scores,
+                    routing_map,
+                    batch,
+                    self.topk,
+                    config.moe_aux_loss_coeff,
+                    sequence_group=self._context_parallel_group(),
                 )
             elif config.moe_router_load_balancing_type == "global_aux_loss":
                 losses["load_balancing_loss"] = self._global_load_balancing_loss(scores, routing_map)
             else:
                 losses["load_balancing_loss"] = load_balancing_loss(
-                    scores, routing_map.sum(dim=0), self.topk, config.moe_aux_loss_coeff
+                    scores,
+                    routing_map.sum(dim=0),
+                    self.topk,
+                    config.moe_aux_loss_coeff,
+                    sequence_group=self._context_parallel_group(),
                 )
         if self.training and config.moe_z_loss_coeff is not None:
             losses["z_loss"] = z_loss(logits, config.moe_z_loss_coeff)
         self.last_losses = {name: value.detach() for name, value in losses.items()}  # no device sync
         return sum(losses.values()) if losses else None
 
+    def _context_parallel_group(self) -> dist.ProcessGroup | None:
+        if self.context_parallel_group is None and model_parallel_is_initialized():
+            return get_context_parallel_group()
+        return self.context_parallel_group
+
     def _global_load_balancing_loss(self, scores: torch.Tensor, routing_map: torch.Tensor) -> torch.Tensor:
-        """The balance loss with expert loads counted over the data-parallel ranks and the forwards
+        """The balance loss with expert loads counted over the data (x context) parallel ranks and the forwards
         since ``reset_global_load`` (collective over the group); the gradient flows through this
         forward's scores."""
         tokens_here = torch.tensor([routing_map.shape[0]], dtype=torch.float32, device=routing_map.device)
         load = torch.cat((routing_map.sum(dim=0).float(), tokens_here))
         group = self.data_parallel_group
         if group is None and model_parallel_is_initialized():
-            group = get_data_parallel_group()
+            group = get_data_parallel_group(with_context_parallel=True)
         if group is not None and dist.get_world_size(group) > 1:
             dist.all_reduce(load, group=group)
         self.global_load += load

@@ -18,8 +18,8 @@ def _biased_routers(model: torch.nn.Module) -> list[TopKRouter]:
 @torch.no_grad()
 def update_expert_biases(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> int:
     """``update_expert_bias`` on every ``TopKRouter`` of ``model`` that has an expert bias, with its
-    token counts first summed over ``group`` (the data-parallel group, so that every replica moves
-    its biases identically; collective there). Returns how many routers were updated."""
+    token counts first summed over ``group`` (the data x context parallel group, so that every
+    replica moves its biases identically; collective there). Returns how many routers were updated."""
     routers = _biased_routers(model)
     for router in routers:
         counts = router.local_tokens_per_expert.clone()
