@@ -5,6 +5,7 @@ Replay checks the recording against the run before training, with typed errors.
 """
 
 import dataclasses
+import importlib.util
 
 import pytest
 from mcore_models.training import TrainingConfig, pretrain
@@ -23,7 +24,10 @@ RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recom
 LAYOUTS = {
     "dp2": ({}, {}),
     "pp2-vpp2-recompute": (dict(pp=2, vpp=2), RECOMPUTE),
+    "ep2": ({}, dict(expert_model_parallel_size=2)),
+    "ep2-fsdp": (dict(fsdp=True), dict(expert_model_parallel_size=2)),
 }
+NEEDS_FSDP = pytest.mark.skipif(importlib.util.find_spec("mcore_fsdp") is None, reason="needs mcore-fsdp")
 
 
 def _configs(tiny_configs, output, train_iters, layout, model_fields, bias_rate, **replay):
@@ -39,7 +43,9 @@ def _train_losses(run_distributed, configs):
     return [loss for _, loss in report["history"]["train"]]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=list(LAYOUTS))
+@pytest.mark.parametrize(
+    "layout", [pytest.param(name, marks=[NEEDS_FSDP] if "fsdp" in name else []) for name in LAYOUTS]
+)
 def test_replayed_run_repeats_the_recorded_losses(layout, run_distributed, tiny_configs, tmp_path):
     layout_fields, model_fields = LAYOUTS[layout]
     recording = str(tmp_path / "routing")
