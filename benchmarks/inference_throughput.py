@@ -165,7 +165,9 @@ def run_hf(directory: Path, requests, batch_size: int, device: str) -> float:
     import torch
     import transformers
 
-    model = transformers.LlamaForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device).eval()
+    )
     model.generate(torch.tensor([[1, 2, 3]], device=device), max_new_tokens=2, do_sample=False)  # warm-up
     generated = 0
     start = time.perf_counter()

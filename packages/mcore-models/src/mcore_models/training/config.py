@@ -196,9 +196,23 @@ class TrainingConfig:
     fsdp_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = config_field(
         "optim_grads_params", help="With --fsdp: what is sharded over the data-parallel ranks."
     )
+    moe_router_replay: Literal["off", "record", "replay"] = config_field(
+        "off",
+        help="MoE router replay: record the experts every training forward picks into "
+        "--moe-router-replay-dir, or replay such a recording (same layout and batch shape) instead "
+        "of routing.",
+    )
+    moe_router_replay_dir: str | None = config_field(
+        None, help="Directory of the recorded routing (routing.json and one file per rank)."
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self)
+        if self.moe_router_replay != "off" and self.moe_router_replay_dir is None:
+            raise ConfigError(
+                ["moe_router_replay_dir", "moe_router_replay"],
+                f"--moe-router-replay {self.moe_router_replay} needs the directory of the recording",
+            )
 
 
 TRAIN_CONFIG_CLASSES: tuple[type, ...] = (

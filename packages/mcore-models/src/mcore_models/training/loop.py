@@ -61,6 +61,7 @@ from .resume_config import (
     check_vocabulary_matches_checkpoint,
     latest_checkpoint_directory,
 )
+from .router_replay_run import RouterReplayRun, check_router_replay
 from .schedule import global_mean_loss, run_micro_batches
 from .tensorboard_writer import TensorBoardWriter, check_tensorboard_available
 from .wandb_writer import WandbWriter, check_wandb_available
@@ -79,8 +80,9 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             other than ``torch_dist``, an expert-parallel size that does not fit (see
             ``_check_expert_parallel``), a layout ``--fsdp`` cannot run, or an option context
             parallelism cannot (see ``_check_context_parallel``), ``export_hf`` for a model no Hugging
-            Face family holds (see ``hf_export.hf_model_type``), or a model that the checkpoint
-            to resume (``checkpoint.load``) does not hold (see ``check_model_matches_checkpoint``).
+            Face family holds (see ``hf_export.hf_model_type``), a model that the checkpoint
+            to resume (``checkpoint.load``) does not hold (see ``check_model_matches_checkpoint``), or
+            a router replay that cannot work (see ``router_replay_run.check_router_replay``).
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -131,7 +133,9 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     if resume_from is not None:
         check_model_matches_checkpoint(model, resume_from)
     training = dataclasses.replace(training, global_batch_size=global_batch)
-    return dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
+    resolved = dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
+    check_router_replay(resolved, world_size)
+    return resolved
 
 
 def _check_expert_parallel(configs: TrainConfigs, dp_cp: int) -> None:
@@ -278,6 +282,11 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
     if is_writer and start:
         progress.write(f"resumed from {load_dir} at iteration {start}")
     model.train(True)
+    router_replay = (
+        RouterReplayRun(configs, model.container, rank, start + 1)
+        if training.moe_router_replay != "off"
+        else None
+    )
     last_saved, straggler_reports = None, []
     began = time.perf_counter()
     for iteration in range(start + 1, training.train_iters + 1):
@@ -295,7 +304,11 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
             if grad_logger is not None:
                 grad_logger.begin(iteration)
             with log.timed("forward-backward"):
+                if router_replay is not None:
+                    router_replay.begin(iteration)
                 losses = run_micro_batches(model, batches, groups, dtype=dtype)
+                if router_replay is not None:
+                    router_replay.end(iteration)
             with log.timed("sequence-parallel-grads"):
                 reduce_sequence_parallel_grads(model.container, groups.tp)  # their main_grads
             if grad_logger is not None:
@@ -335,8 +348,12 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
                 last_saved = save_training_checkpoint(
                     checkpointer, model, optimizer, groups.tp, iteration, history, groups, write_files
                 )
+                if router_replay is not None:
+                    router_replay.save(configs, world, iteration)  # a resume records on from here
     progress.close()
     train_seconds = time.perf_counter() - began
+    if router_replay is not None:
+        router_replay.save(configs, world, training.train_iters)
     iterations_run = training.train_iters - start
 
     with log.timed("evaluation"):
