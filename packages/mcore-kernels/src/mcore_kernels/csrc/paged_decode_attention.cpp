@@ -36,8 +36,23 @@ inline void add_scaled(float w, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += w * x[i];
 }
 
+// Asks the CPU to start loading the cache rows of positions p..last that share p's block (the
+// blocks of a sequence are scattered, so the hardware prefetcher restarts at every block).
+template <typename T, typename Index>
+inline void prefetch_block(const T* blocks, const Index* row_table, int64_t num_blocks, int64_t block_size,
+                           int64_t token_stride, int64_t p, int64_t last) {
+  if (p > last) return;
+  const int64_t in_block = p % block_size;
+  const int64_t block = static_cast<int64_t>(row_table[p / block_size]);
+  if (block < 0 || block >= num_blocks) return;  // the visit of that block reports it
+  const char* start = reinterpret_cast<const char*>(blocks + (block * block_size + in_block) * token_stride);
+  const int64_t bytes = std::min(block_size - in_block, last - p + 1) * token_stride * int64_t(sizeof(T));
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(start + offset);
+}
+
 // The cache rows of one sequence, a block at a time: calls visit(row pointer, first position,
-// count) for consecutive runs of positions first..last that share a block.
+// count) for consecutive runs of positions first..last that share a block, the next run's rows
+// being prefetched meanwhile.
 template <typename T, typename Index, typename Visit>
 void for_each_block(const T* blocks, const Index* row_table, int64_t num_blocks, int64_t block_size,
                     int64_t token_stride, int64_t first, int64_t last, Visit visit) {
@@ -47,6 +62,7 @@ void for_each_block(const T* blocks, const Index* row_table, int64_t num_blocks,
     const int64_t block = static_cast<int64_t>(row_table[p / block_size]);
     TORCH_CHECK(block >= 0 && block < num_blocks, "paged_decode_attention: block_table names block ",
                 block, " of a cache of ", num_blocks, " blocks");
+    prefetch_block(blocks, row_table, num_blocks, block_size, token_stride, p + count, last);
     visit(blocks + (block * block_size + in_block) * token_stride, p, count);
     p += count;
   }
