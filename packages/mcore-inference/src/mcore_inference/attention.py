@@ -1,6 +1,9 @@
 """Attention of one engine step over a paged KV cache.
 
-A step's queries are of two kinds, and each takes its own path (``attend_step``):
+On CUDA with Triton (``select_backend``), decode rows run mcore-kernels' ``paged_decode_attention``
+and each prefill chunk ``paged_attention``: Triton kernels reading keys and values in place through
+the block tables (windows, sinks and grouped-query heads in the kernel). Otherwise a step's queries
+are of two kinds, and each takes its own path (``attend_step``):
 
 - Decode rows (one query per request, ``DecodeBatch``): on the CPU, mcore-kernels' native
   ``paged_decode_attention`` reads each row's keys and values in place through its block table
@@ -29,10 +32,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from mcore_api import internal_api
+from mcore_kernels import paged_attention as paged_chunk_attention
 from mcore_kernels import paged_decode_attention, select_backend
 
 _DECODE_OP = "paged_decode_attention"
 _CPU_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+@internal_api
+def decode_backend(tensor: torch.Tensor) -> str:
+    """The backend mcore-kernels' ``paged_decode_attention`` takes for ``tensor``: ``"triton"``
+    (the step runs on the Triton kernels, its cache written by ``paged_kv_append``), ``"native"``
+    or ``"reference"`` (the paths below)."""
+    return select_backend(_DECODE_OP, tensor, kernels=("triton", "native"))
 
 
 def _sdpa(
@@ -188,6 +200,15 @@ class PrefillChunk:
     block_size: int
     _plans: dict = field(default_factory=dict, repr=False)
 
+    def sequence(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The chunk as one sequence of ``mcore_kernels.paged_attention``: ``(block_table [1, W],
+        query_starts [2], seq_lens [1])`` on the blocks' device; built once per step."""
+        if "sequence" not in self._plans:
+            device = self.blocks.device
+            starts = torch.tensor([0, self.end - self.start], device=device)
+            self._plans["sequence"] = self.blocks.view(1, -1), starts, torch.tensor([self.end], device=device)
+        return self._plans["sequence"]
+
     def plan(self, window: int | None, dtype: torch.dtype):
         """``(blocks to read or None for the chunk's own keys, key span, additive mask [Q, span]
         or None, is_causal)`` for one window; built once per step."""
@@ -265,7 +286,10 @@ def attend_step(
     tokens, heads, dim = query.shape
     groups = key_blocks.shape[2]
     sinks = None if sink_logits is None else sink_logits.float()
-    if select_backend(_DECODE_OP, query, kernels=("native",)) == "native" and (step.prefills or step.decode):
+    backend = decode_backend(query)
+    if backend == "triton":
+        return _attend_triton(step, query, key_blocks, value_blocks, scale, window_size, sinks)
+    if backend == "native" and (step.prefills or step.decode):
         positions, table = step.row_tables(tokens)  # prefill rows too: the kernel is the faster there
         return paged_decode_attention(
             query,
@@ -301,6 +325,26 @@ def attend_step(
             context = _sdpa(q, k, v, scale=scale, mask=group.mask, sinks=decode_sinks)
             output[group.rows] = context.reshape(batch, heads * dim)
     return output
+
+
+def _attend_triton(step, query, key_blocks, value_blocks, scale, window_size, sinks) -> torch.Tensor:
+    """``attend_step`` on mcore-kernels' Triton kernels: a call per prefill chunk, one for the
+    decode rows."""
+    tokens, heads, dim = query.shape
+    output = query.new_empty(tokens, heads, dim)
+    options = dict(scale=scale, window_size=window_size, sink_logits=sinks)
+    for chunk in step.prefills:
+        table, starts, seq_lens = chunk.sequence()
+        output[chunk.rows] = paged_chunk_attention(
+            query[chunk.rows], key_blocks, value_blocks, table, starts, seq_lens,
+            max_query_len=chunk.end - chunk.start, **options,
+        )  # fmt: skip
+    decode = step.decode
+    if decode is not None:
+        output[decode.rows] = paged_decode_attention(
+            query[decode.rows], key_blocks, value_blocks, decode.block_table, decode.positions, **options
+        )
+    return output.view(tokens, heads * dim)
 
 
 @internal_api

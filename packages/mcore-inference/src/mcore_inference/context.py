@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from mcore_kernels import paged_kv_append
 
-from .attention import StepAttention, attend_step
+from .attention import StepAttention, attend_step, decode_backend
 from .block_allocator import BlockAllocator
 from .block_table import BlockTables
 from .errors import MaxSequenceLengthOverflowError
@@ -192,8 +193,11 @@ class DynamicInferenceContext:
         each request's queries ``[t, n, d]`` over its cached keys (see ``attend_step``); ``[t, n * d]``."""
         layer_cache = self.kv_cache[layer_number - self.first_layer_number]
         key_cache, value_cache = layer_cache[0], layer_cache[1]
-        key_cache.index_copy_(0, self.token_slots, key.to(key_cache.dtype))
-        value_cache.index_copy_(0, self.token_slots, value.to(value_cache.dtype))
+        if decode_backend(query) == "triton":
+            paged_kv_append(key_cache, value_cache, key, value, self.token_slots)
+        else:
+            key_cache.index_copy_(0, self.token_slots, key.to(key_cache.dtype))
+            value_cache.index_copy_(0, self.token_slots, value.to(value_cache.dtype))
         blocks = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         return attend_step(
             self.step_attention,

@@ -4,8 +4,8 @@ LayerNorm with an optional fused residual add; rotary position embedding (half-s
 partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGLU, GeGLU,
 quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
 attention softmax with scale, causal mask, sliding window and sinks; MoE top-k routing (softmax or
-sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; decode attention over a paged
-KV cache, with a C++ CPU kernel built at first use. Importing this package never imports Triton nor
+sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; the paged KV-cache append and attention over a paged
+KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use). Importing this package never imports Triton nor
 compiles anything."""
 
 from importlib.metadata import version as _version
@@ -23,7 +23,8 @@ from mcore_kernels.moe_padding import moe_padded_counts
 from mcore_kernels.moe_permute import moe_permute, moe_unpermute
 from mcore_kernels.moe_routing import moe_topk_routing
 from mcore_kernels.norm import layer_norm, rms_norm
-from mcore_kernels.paged_attention import paged_decode_attention
+from mcore_kernels.paged_attention import paged_attention, paged_decode_attention
+from mcore_kernels.paged_kv_append import paged_kv_append
 from mcore_kernels.rope import apply_rotary, rope_cos_sin, rope_inverse_frequencies
 from mcore_kernels.softmax import attention_softmax
 from mcore_kernels.yarn import (
@@ -47,7 +48,9 @@ __all__ = [
     "moe_permute",
     "moe_topk_routing",
     "moe_unpermute",
+    "paged_attention",
     "paged_decode_attention",
+    "paged_kv_append",
     "quick_geglu",
     "quick_gelu",
     "rms_norm",

@@ -1,5 +1,6 @@
-"""The PyTorch reference of decode attention over a paged KV cache: the numerical oracle of the
-native kernel, and the path wherever that kernel cannot run."""
+"""The PyTorch references of attention over a paged KV cache (decode rows, and sequences of
+several queries such as prefill chunks): the numerical oracles of the native and Triton kernels,
+and the path wherever those cannot run."""
 
 from __future__ import annotations
 
@@ -42,3 +43,35 @@ def paged_decode_attention(
     probs = torch.softmax(scores, dim=-1)[..., : width * block_size]
     context = torch.einsum("bghl,blgd->bghd", probs, values)
     return context.reshape(batch, heads, dim).to(query.dtype)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    block_table: torch.Tensor,
+    query_starts: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window_size: int | None,
+    sink_logits: torch.Tensor | None,
+) -> torch.Tensor:
+    """See ``mcore_kernels.paged_attention``: each query row as a decode row at its own position
+    over its sequence's block table row."""
+    query_lens = query_starts[1:] - query_starts[:-1]
+    if len(seq_lens) and (
+        int(query_starts[0]) != 0
+        or int(query_starts[-1]) != query.shape[0]
+        or int(query_lens.min()) < 0
+        or bool((seq_lens < query_lens).any())
+    ):
+        raise ValueError(
+            "paged_attention: query_starts must rise from 0 to the query's tokens and every "
+            "sequence must hold at least its queries (seq_lens >= query lengths)"
+        )
+    sequence = torch.repeat_interleave(torch.arange(len(seq_lens), device=query.device), query_lens)
+    row = torch.arange(query.shape[0], device=query.device)
+    positions = seq_lens[sequence] - query_lens[sequence] + row - query_starts[sequence]
+    return paged_decode_attention(
+        query, key_blocks, value_blocks, block_table[sequence], positions, scale, window_size, sink_logits
+    )
