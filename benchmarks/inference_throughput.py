@@ -30,7 +30,9 @@ model's forward: scheduling, layout, sampling, bookkeeping); not with ``--cuda-g
 ``mcore_decode_attention`` says which decode attention ran: ``native`` (mcore-kernels' C++ CPU
 kernel, built at first use) or ``reference`` (the PyTorch path). When it was the native kernel,
 the engine runs the workload a second time with the PyTorch path
-(``mcore_torch_attention_tokens_per_s``), so both variants are measured in the same run.
+(``mcore_torch_attention_tokens_per_s``), so both variants are measured in the same run. On the
+CPU it also runs once with ``pack_cpu_weights=False`` (``mcore_unpacked_weights_tokens_per_s``:
+``F.linear`` reordering each bfloat16 weight on every call instead of the engine's packed copies).
 
 TTFT is from a request's arrival (all arrive at once) to its first token; TPOT is (last token
 time - first token time) / (generated tokens - 1) per request, vLLM's definition. mcore's come
@@ -317,6 +319,9 @@ def main() -> None:
             with use_backend("reference"):
                 torch_path = run_mcore(directory, requests, args.device, args.cuda_graphs)
             results["mcore_torch_attention_tokens_per_s"] = torch_path["tokens_per_s"]
+        if args.device == "cpu":  # the same engine with F.linear's per-call weight reorder
+            unpacked = run_mcore(directory, requests, args.device, args.cuda_graphs, pack_cpu_weights=False)
+            results["mcore_unpacked_weights_tokens_per_s"] = unpacked["tokens_per_s"]
         results.update({f"mcore_{k}": mcore[k] for k in ("steps", "layout_ms_per_step", "host_ms_per_step")})
         results["hf_tokens_per_s"] = run_hf(directory, requests, args.hf_batch_size, args.device)
         vllm = run_vllm(vllm_python, directory, count, args.threads) if vllm_python else None
@@ -358,6 +363,8 @@ def main() -> None:
         print(line)
     if "mcore_torch_attention_tokens_per_s" in results:
         print(f"{'  (PyTorch attention)':<22}{results['mcore_torch_attention_tokens_per_s']:>10.1f}")
+    if "mcore_unpacked_weights_tokens_per_s" in results:
+        print(f"{'  (unpacked weights)':<22}{results['mcore_unpacked_weights_tokens_per_s']:>10.1f}")
     if results.get("vllm_skipped"):
         print(f"vLLM skipped: {results['vllm_skipped']}")
     print(json.dumps(results))
