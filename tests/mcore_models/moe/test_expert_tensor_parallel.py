@@ -35,7 +35,9 @@ def _reference_slice(reference: MoELayer, layer: MoELayer, name: str, param, gra
     if dim is None:
         return full
     group = layer.expert_tp_group
-    return shard(full, dim, dist.get_rank(group), dist.get_world_size(group), getattr(param, "gated_halves", False))
+    return shard(
+        full, dim, dist.get_rank(group), dist.get_world_size(group), getattr(param, "gated_halves", False)
+    )
 
 
 def _etp_body(tp, etp, ep, dispatcher, grouped, extra):
@@ -92,3 +94,20 @@ def _etp_body(tp, etp, ep, dispatcher, grouped, extra):
 )
 def test_expert_tensor_parallel_matches_one_process(tp, etp, ep, dispatcher, grouped, extra, run_distributed):
     run_distributed(_etp_body, 4, tp, etp, ep, dispatcher, grouped, extra, timeout=90)
+
+
+def _refusal_body():
+    from mcore_parallel import destroy_model_parallel, initialize_model_parallel
+
+    destroy_model_parallel()
+    initialize_model_parallel(tensor_model_parallel_size=2, expert_tensor_parallel_size=2)
+    submodules = MoESubmodules(experts=SequentialExperts)
+    with pytest.raises(ValueError, match=r"expert_tensor_parallel_size \(1\) differs .* group \(2\)"):
+        MoELayer(moe_config(expert_tensor_parallel_size=1), submodules)
+    layer = MoELayer(moe_config(tensor_model_parallel_size=2, expert_tensor_parallel_size=2), submodules)
+    with pytest.raises(ValueError, match=r"its 3 tokens .* multiple of the tensor-parallel size \(2\)"):
+        layer(torch.randn(3, 1, 16))
+
+
+def test_layouts_that_cannot_work_are_refused(run_distributed):
+    run_distributed(_refusal_body, 2, timeout=60)

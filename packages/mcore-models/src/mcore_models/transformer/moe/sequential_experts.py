@@ -20,7 +20,10 @@ class ExpertMLP(torch.nn.Module):
     ``expert_sharding``) and returns its partial output, to be summed over the group."""
 
     def __init__(
-        self, config: TransformerConfig, ffn_hidden_size: int, expert_tp_group: dist.ProcessGroup | None = None
+        self,
+        config: TransformerConfig,
+        ffn_hidden_size: int,
+        expert_tp_group: dist.ProcessGroup | None = None,
     ):
         super().__init__()
         self.expert_tp_group = expert_tp_group

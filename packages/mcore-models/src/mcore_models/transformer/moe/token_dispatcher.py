@@ -213,7 +213,9 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
         mine = torch.tensor([tokens_per_expert], device=rows.device)
         counts = _all_gather_rows(mine, self.expert_tp_group).tolist()  # [P][local]
         self._etp_counts = [sum(row) for row in counts]
-        gathered = gather_rows(rows, self.expert_tp_group, self._etp_counts, via_all_gather=self.via_all_gather)
+        gathered = gather_rows(
+            rows, self.expert_tp_group, self._etp_counts, via_all_gather=self.via_all_gather
+        )
         self._etp_order = _expert_major_order(counts, rows.device)
         tokens_per_expert = [sum(row[e] for row in counts) for e in range(self.num_local_experts)]
         return gathered.index_select(0, self._etp_order), tokens_per_expert
