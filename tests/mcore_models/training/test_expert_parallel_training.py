@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 import torch
 from mcore_models.training import parse_train_args, pretrain, resolve_configs
-from mcore_parallel import ConfigError
+from mcore_parallel import ConfigError, LoggerConfig
+from mcore_testing.tensorboard_events import read_scalars
 
 MOE = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16, moe_aux_loss_coeff=0.01)
 
@@ -215,16 +216,26 @@ def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world
 def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     tp, etp, ep, extra, layout, run_distributed, tiny_configs, tmp_path
 ):
-    """Experts split over expert-TP ranks (TP != ETP allowed): the losses, parameter count and
-    final weights of the same model trained on one process."""
+    """Experts split over expert-TP ranks (TP != ETP allowed): the losses, gradient norms (each
+    expert slice counted once), parameter count and final weights of the same model trained on
+    one process."""
     layout = dict(global_batch=8, **layout)
-    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra), 1)
-    configs = _moe(
-        tiny_configs(tmp_path / "etp", 3, tp=tp, **layout), ep, expert_tensor_parallel_size=etp, **extra
-    )
-    report = _run(run_distributed, configs, 4)
+    runs, norms = [], []
+    for name, world, parallel in (("one", 1, {}), ("etp", 4, dict(tp=tp))):
+        configs = tiny_configs(tmp_path / name, 3, **layout, **parallel)
+        configs = _moe(
+            configs,
+            ep if world > 1 else 1,
+            **extra,
+            **({"expert_tensor_parallel_size": etp} if world > 1 else {}),
+        )
+        configs.logger = LoggerConfig(log_interval=1, tensorboard_dir=str(tmp_path / name / "tb"))
+        runs.append(_run(run_distributed, configs, world))
+        norms.append(read_scalars(tmp_path / name / "tb")["train/grad_norm"])
+    oracle, report = runs
     assert f"ETP={etp}" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
+    assert norms[1] == pytest.approx(norms[0], rel=1e-4) and len(norms[0]) == 3
     _assert_same_training(report, oracle)
 
 

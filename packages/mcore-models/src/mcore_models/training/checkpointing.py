@@ -28,8 +28,8 @@ from ..transformer.moe.expert_names import (
     expert_tensor_parallel_parameters,
     global_expert_name,
 )
-from .expert_tp_checkpoint import SliceBack, copy_slices_back, whole_expert_tensor
 from ..transformer.process_groups import resolve_process_groups
+from .expert_tp_checkpoint import SliceBack, copy_slices_back, whole_expert_tensor
 from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
 from .random_states import restore_rng_state, rng_checkpoint_state, rng_entries_to_load
