@@ -122,6 +122,11 @@ class MoELayer(torch.nn.Module):
     output: its gradient joins any ``backward`` through this layer. With
     ``config.moe_weighted_activation`` each row's probability travels with it and the experts apply
     it inside their activation (``experts(rows, tokens_per_expert, probs)``), not to their output.
+
+    With ``config.expert_tensor_parallel_size`` set, each expert is split over ``expert_tp_group``
+    (default: the global expert-tensor-parallel group; see ``expert_sharding``), the ranks of
+    ``tp_group`` split the tokens among them for the routed experts and gather the output back,
+    and the dispatchers gather rows over the expert-TP group. Unset, experts are whole on every rank.
     """
 
     def __init__(
