@@ -40,7 +40,7 @@ def _reference_slice(reference: MoELayer, layer: MoELayer, name: str, param, gra
     )
 
 
-def _etp_body(tp, etp, ep, dispatcher, grouped, extra):
+def _etp_body(tp, etp, ep, dispatcher, grouped, extra, via_all_gather=False):
     from mcore_parallel import destroy_model_parallel, initialize_model_parallel
 
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -56,7 +56,8 @@ def _etp_body(tp, etp, ep, dispatcher, grouped, extra):
     reference = MoELayer(moe_config(**options), submodules, ep_group=alone).train()
     parallel = {"tensor_model_parallel_size": tp, "expert_model_parallel_size": ep}
     torch.manual_seed(0)
-    layer = MoELayer(moe_config(**options, **parallel, expert_tensor_parallel_size=etp), submodules).train()
+    config = moe_config(**options, **parallel, expert_tensor_parallel_size=etp)
+    layer = MoELayer(config, submodules, exchange_via_all_gather=via_all_gather).train()
     assert dist.get_world_size(layer.expert_tp_group) == etp if etp > 1 else layer.expert_tp_group is None
     for name, param in layer.experts.named_parameters():  # initialized as the one-process slices
         torch.testing.assert_close(param.detach(), _reference_slice(reference, layer, name, param, False))
@@ -94,6 +95,25 @@ def _etp_body(tp, etp, ep, dispatcher, grouped, extra):
 )
 def test_expert_tensor_parallel_matches_one_process(tp, etp, ep, dispatcher, grouped, extra, run_distributed):
     run_distributed(_etp_body, 4, tp, etp, ep, dispatcher, grouped, extra, timeout=90)
+
+
+# Capacity 3 of 12 local tokens x top-2 over 8 experts, drops by probability, padded inputs.
+CAPACITY = {
+    "moe_expert_capacity_factor": 1.0,
+    "moe_pad_expert_input_to_capacity": True,
+    "moe_router_padding_for_alignment": 4,
+}
+
+
+@pytest.mark.parametrize(
+    ("dispatcher", "via_all_gather", "grouped"),
+    [("alltoall", True, False), ("alltoall", False, True), ("allgather", False, True)],
+)
+def test_expert_tensor_parallel_with_capacity_and_the_all_gather_exchange(
+    dispatcher, via_all_gather, grouped, run_distributed
+):
+    """ETP = 2 x EP = 2 with dropped and padded rows; the uneven exchanges through padded all-gathers."""
+    run_distributed(_etp_body, 4, 1, 2, 2, dispatcher, grouped, CAPACITY, via_all_gather, timeout=90)
 
 
 def _refusal_body():
