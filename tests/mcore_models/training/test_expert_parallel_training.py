@@ -27,6 +27,14 @@ def _run(run_distributed, configs, world_size):
     return report
 
 
+def _run_logging_norms(run_distributed, configs, world_size):
+    """``_run``, and the gradient norm of each iteration (from the run's TensorBoard scalars)."""
+    tensorboard = f"{configs.training.output_dir}/tb"
+    configs.logger = LoggerConfig(log_interval=1, tensorboard_dir=tensorboard)
+    report = _run(run_distributed, configs, world_size)
+    return report, read_scalars(tensorboard)["train/grad_norm"]
+
+
 def _losses(report):
     return torch.tensor([loss for _, loss in report["history"]["train"]])
 
@@ -113,8 +121,13 @@ def test_ep2_trains_like_ep1(
 )
 def test_ep2_on_four_ranks_trains_like_ep1(layout, run_distributed, tiny_configs, tmp_path):
     model_parallel = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
-    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel)
-    report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4)
+    oracle, norms = _run_logging_norms(
+        run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel
+    )
+    report, ep_norms = _run_logging_norms(
+        run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4
+    )
+    assert ep_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3  # each expert counted once
     _assert_same_training(report, oracle)
 
 
@@ -220,22 +233,15 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     expert slice counted once), parameter count and final weights of the same model trained on
     one process."""
     layout = dict(global_batch=8, **layout)
-    runs, norms = [], []
-    for name, world, parallel in (("one", 1, {}), ("etp", 4, dict(tp=tp))):
-        configs = tiny_configs(tmp_path / name, 3, **layout, **parallel)
-        configs = _moe(
-            configs,
-            ep if world > 1 else 1,
-            **extra,
-            **({"expert_tensor_parallel_size": etp} if world > 1 else {}),
-        )
-        configs.logger = LoggerConfig(log_interval=1, tensorboard_dir=str(tmp_path / name / "tb"))
-        runs.append(_run(run_distributed, configs, world))
-        norms.append(read_scalars(tmp_path / name / "tb")["train/grad_norm"])
-    oracle, report = runs
+    one = _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra)
+    oracle, norms = _run_logging_norms(run_distributed, one, 1)
+    configs = _moe(
+        tiny_configs(tmp_path / "etp", 3, tp=tp, **layout), ep, expert_tensor_parallel_size=etp, **extra
+    )
+    report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
     assert f"ETP={etp}" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
-    assert norms[1] == pytest.approx(norms[0], rel=1e-4) and len(norms[0]) == 3
+    assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
     _assert_same_training(report, oracle)
 
 
