@@ -36,9 +36,14 @@ def test_derived_defaults():
         ),
         ({"cp_comm_type": "a2a"}, "cp_comm_type", "['p2p', 'all_gather']"),
         (
-            {"expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2},
-            "expert_tensor_parallel_size",
-            "not implemented yet",
+            {"expert_tensor_parallel_size": 2},
+            "expert_tensor_parallel_size, num_moe_experts",
+            "set num_moe_experts",
+        ),
+        (
+            {"num_moe_experts": 4, "moe_ffn_hidden_size": 6, "expert_tensor_parallel_size": 4},
+            "expert_tensor_parallel_size, moe_ffn_hidden_size",
+            "divisible",
         ),
         (
             {"expert_model_parallel_size": 2},

@@ -57,3 +57,29 @@ def test_dense_families_refuse_a_model_with_moe_layers(family):
 
     with pytest.raises(ValueError, match=f"^{family} has dense MLPs; export a model with MoE layers as"):
         mapping_for(family).config_to_hf(moe_config(**QWEN3_MOE), VOCAB)
+
+
+def _split_experts_body(directory):
+    from mcore_models import GPTModel, export_hf_checkpoint, import_hf_checkpoint
+    from mcore_parallel import ProcessGroupCollection
+
+    rank = dist.get_rank()
+    singles = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    one = ProcessGroupCollection(tp=singles[rank], ep=singles[rank])
+    if rank == 0:
+        export_hf_checkpoint(
+            GPTModel(moe_config(**QWEN3_MOE), VOCAB, pg_collection=one), directory, "qwen3_moe"
+        )
+    dist.barrier()
+    refused = "expert_tensor_parallel_size 2: Hugging Face import and export do not handle experts split"
+    with pytest.raises(ValueError, match=refused):
+        import_hf_checkpoint(directory, pg_collection=one, expert_tensor_parallel_size=2)
+    split = ProcessGroupCollection(tp=singles[rank], ep=singles[rank], expert_tp=dist.group.WORLD)
+    model = GPTModel(moe_config(**QWEN3_MOE, expert_tensor_parallel_size=2), VOCAB, pg_collection=split)
+    assert model.decoder.layers[0].mlp.expert_tp_group is dist.group.WORLD
+    with pytest.raises(ValueError, match=refused):
+        export_hf_checkpoint(model, directory / "split", model_type="qwen3_moe")
+
+
+def test_import_and_export_refuse_experts_split_over_expert_tp_ranks(run_distributed, tmp_path):
+    run_distributed(_split_experts_body, 2, tmp_path, timeout=60)

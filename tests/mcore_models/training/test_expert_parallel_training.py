@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from mcore_models.training import parse_train_args, pretrain, resolve_configs
-from mcore_parallel import ConfigError
+from mcore_parallel import ConfigError, LoggerConfig
+from mcore_testing.tensorboard_events import read_scalars
 
 sys.path.insert(0, str(Path(__file__).parent))
 from moe_training_checks import MOE, assert_same_training, train_losses
@@ -27,6 +28,14 @@ def _moe(configs, ep=1, **extra):
 def _run(run_distributed, configs, world_size):
     (report,) = [r for r in run_distributed(pretrain, world_size, configs, timeout=180) if r is not None]
     return report
+
+
+def _run_logging_norms(run_distributed, configs, world_size):
+    """``_run``, and the gradient norm of each iteration (from the run's TensorBoard scalars)."""
+    tensorboard = f"{configs.training.output_dir}/tb"
+    configs.logger = LoggerConfig(log_interval=1, tensorboard_dir=tensorboard)
+    report = _run(run_distributed, configs, world_size)
+    return report, read_scalars(tensorboard)["train/grad_norm"]
 
 
 @pytest.mark.parametrize(
@@ -76,8 +85,13 @@ def test_ep2_trains_like_ep1(
 )
 def test_ep2_on_four_ranks_trains_like_ep1(layout, run_distributed, tiny_configs, tmp_path):
     model_parallel = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1)
-    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel)
-    report = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4)
+    oracle, norms = _run_logging_norms(
+        run_distributed, _moe(tiny_configs(tmp_path / "ep1", 3, **layout)), model_parallel
+    )
+    report, ep_norms = _run_logging_norms(
+        run_distributed, _moe(tiny_configs(tmp_path / "ep2", 3, **layout), 2), 4
+    )
+    assert ep_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3  # each expert counted once
     assert_same_training(report, oracle)
 
 
@@ -149,7 +163,7 @@ def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
         (
             4,
             ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "4"],
-            "expert_model_parallel_size, nproc_per_node",
+            "expert_model_parallel_size, expert_tensor_parallel_size, nproc_per_node",
         ),
         (2, ["--export-hf", "hf", "--moe-router-score-function", "sigmoid"], "export_hf"),
     ],
@@ -157,5 +171,95 @@ def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
 )
 def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world, argv, fields):
     base = ["--num-moe-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2"]
+    with pytest.raises(ConfigError, match=f"^{fields}: "):
+        resolve_configs(parse_train_args(base + argv), world)
+
+
+@pytest.mark.parametrize(
+    "tp, etp, ep, extra, layout",
+    [
+        (1, 2, 1, dict(moe_token_dispatcher_type="alltoall"), dict()),
+        (
+            1,
+            2,
+            2,
+            dict(moe_grouped_gemm=True, moe_token_dispatcher_type="allgather"),
+            dict(distributed_optimizer=True),
+        ),
+        (2, 1, 2, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True), dict()),
+    ],
+    ids=["etp2-ep1-sequential-alltoall", "etp2-ep2-grouped-allgather-distopt", "tp2-etp1-ep2-bias"],
+)
+def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
+    tp, etp, ep, extra, layout, run_distributed, tiny_configs, tmp_path
+):
+    """Experts split over expert-TP ranks (TP != ETP allowed): the losses, gradient norms (each
+    expert slice counted once), parameter count and final weights of the same model trained on
+    one process."""
+    layout = dict(global_batch=8, **layout)
+    one = _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra)
+    oracle, norms = _run_logging_norms(run_distributed, one, 1)
+    configs = _moe(
+        tiny_configs(tmp_path / "etp", 3, tp=tp, **layout), ep, expert_tensor_parallel_size=etp, **extra
+    )
+    report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
+    assert f"ETP={etp}" in report["layout"]
+    assert report["parameters"] == oracle["parameters"]
+    assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
+    assert_same_training(report, oracle)
+
+
+def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
+    run_distributed, tiny_configs, checkpoint_at, tmp_path
+):
+    """Checkpoints hold whole experts: ETP = 2 x EP = 2 -> one process at iteration 2 -> ETP = 2 at 4."""
+    layout = dict(global_batch=8, save_interval=2)
+    etp = dict(expert_tensor_parallel_size=2)
+    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "etp2", 5, **layout), 2, **etp), 4)
+    source = checkpoint_at(tmp_path / "etp2" / "checkpoints", 2, tmp_path / "at-2")
+    resumed = _run(run_distributed, _moe(tiny_configs(tmp_path / "one", 5, load=str(source), **layout)), 1)
+    assert resumed["resumed_from"] == 2
+    torch.testing.assert_close(train_losses(resumed)[2:], train_losses(whole)[2:], rtol=1e-4, atol=0)
+    at_4 = checkpoint_at(tmp_path / "one" / "checkpoints", 4, tmp_path / "at-4")
+    again = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), 2, **etp), 4
+    )
+    assert again["resumed_from"] == 4 and again["iterations_run"] == 1
+    torch.testing.assert_close(train_losses(again)[4:], train_losses(whole)[4:], rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize(
+    "world, argv, fields",
+    [
+        (
+            4,
+            ["--expert-tensor-parallel-size", "4", "--expert-model-parallel-size", "2"],
+            "expert_model_parallel_size, expert_tensor_parallel_size, nproc_per_node",
+        ),
+        (2, ["--expert-tensor-parallel-size", "2", "--fsdp"], "expert_tensor_parallel_size, fsdp"),
+        (
+            2,
+            ["--expert-tensor-parallel-size", "2", "--export-hf", "hf"],
+            "expert_tensor_parallel_size, export_hf",
+        ),
+        (
+            2,
+            [
+                "--expert-tensor-parallel-size",
+                "1",
+                "--tensor-model-parallel-size",
+                "2",
+                "--seq-length",
+                "7",
+                "--micro-batch-size",
+                "1",
+            ],
+            "seq_length, micro_batch_size, tensor_model_parallel_size",
+        ),
+    ],
+    ids=["etp-x-ep-does-not-divide-the-ranks", "fsdp", "export-hf", "tokens-not-divisible-by-tp"],
+)
+def test_invalid_expert_tensor_parallel_layouts_are_refused(world, argv, fields):
+    base = ["--num-moe-experts", "4", "--moe-router-topk", "2"]
     with pytest.raises(ConfigError, match=f"^{fields}: "):
         resolve_configs(parse_train_args(base + argv), world)

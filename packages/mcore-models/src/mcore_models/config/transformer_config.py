@@ -272,12 +272,19 @@ class TransformerConfig(ModelParallelConfig):
             )
 
     def _check_parallelism_exists(self) -> None:
-        """Expert tensor parallelism is planned, not built: refuse its size. Expert parallelism
-        needs MoE layers (``num_moe_experts``)."""
-        if self.expert_tensor_parallel_size not in (None, 1):
+        """Expert-model and expert-tensor parallelism need MoE layers (``num_moe_experts``); the
+        expert-tensor-parallel size must divide the experts' hidden width."""
+        etp = self.expert_tensor_parallel_size
+        if etp not in (None, 1) and self.num_moe_experts is None:
             raise ConfigError(
-                ["expert_tensor_parallel_size"],
-                "expert tensor parallelism is not implemented yet; this size must be 1",
+                ["expert_tensor_parallel_size", "num_moe_experts"],
+                "expert tensor parallelism splits MoE experts; set num_moe_experts or keep the size at 1",
+            )
+        width = self.moe_ffn_hidden_size or self.ffn_hidden_size or 4 * self.hidden_size
+        if etp is not None and width % etp:
+            raise ConfigError(
+                ["expert_tensor_parallel_size", "moe_ffn_hidden_size"],
+                f"the experts' hidden width ({width}) must be divisible by expert_tensor_parallel_size ({etp})",
             )
         if self.expert_model_parallel_size != 1 and self.num_moe_experts is None:
             raise ConfigError(

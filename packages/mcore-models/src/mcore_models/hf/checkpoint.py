@@ -77,6 +77,7 @@ def import_hf_checkpoint(
     config, vocab_size = hf_to_transformer_config(
         hf_config, tensor_model_parallel_size=dist.get_world_size(groups.tp), **config_overrides
     )
+    _refuse_split_experts(config)
     mapping = mapping_for(hf_config["model_type"])
     special_tokens = special_tokens_from_hf(
         hf_config, read_hf_generation_config(directory), mapping.special_token_defaults
@@ -98,6 +99,15 @@ def import_hf_checkpoint(
 
 # The state-dict tensors with one row per vocabulary id.
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _refuse_split_experts(config: TransformerConfig) -> None:
+    """Hugging Face checkpoints are read and written with whole experts only."""
+    if config.expert_tensor_parallel_size not in (None, 1):
+        raise ValueError(
+            f"expert_tensor_parallel_size {config.expert_tensor_parallel_size}: Hugging Face import and export "
+            "do not handle experts split over expert-tensor-parallel ranks yet; use 1 or leave it unset"
+        )
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -128,6 +138,7 @@ def export_hf_checkpoint(
         raise ValueError("model_type is required for a model that was not imported from Hugging Face")
     mapping = mapping_for(model_type)
     config = model.config
+    _refuse_split_experts(config)
     hf_config = mapping.config_to_hf(config, model.vocab_size)  # validate before communicating
     if num_key_value_heads is not None and num_key_value_heads < 1:
         raise ValueError(f"num_key_value_heads must be >= 1, got {num_key_value_heads}")

@@ -23,8 +23,13 @@ import torch.distributed as dist
 from mcore_api import experimental_api, internal_api
 from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
-from ..transformer.moe.expert_names import expert_parallel_parameters, global_expert_name
+from ..transformer.moe.expert_names import (
+    expert_parallel_parameters,
+    expert_tensor_parallel_parameters,
+    global_expert_name,
+)
 from ..transformer.process_groups import resolve_process_groups
+from .expert_tp_checkpoint import SliceBack, copy_slices_back, whole_expert_tensor
 from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
 from .random_states import restore_rng_state, rng_checkpoint_state, rng_entries_to_load
@@ -96,15 +101,26 @@ def training_state_dict(
     with_optimizer: bool = True,
     param_states: dict | None = None,
     saved_keys: set[str] | None = None,
+    slice_back: list[SliceBack] | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's part of the checkpoint. Its tensors are views of the parameters and of
     ``param_states`` (default ``optimizer.gather_param_states()``), and the persistent buffers
     themselves, so loading into it fills them. With ``saved_keys`` (the checkpoint's, to load it),
-    buffers it lacks are left out: a checkpoint saved before buffers were saved keeps them fresh."""
+    buffers it lacks are left out: a checkpoint saved before buffers were saved keeps them fresh.
+    Experts split over expert-tensor-parallel ranks are gathered whole (collective) instead: a load
+    fills the whole tensors, and ``copy_slices_back(slice_back)`` then puts each rank's slices in place."""
     state: dict[str, torch.Tensor] = {}
     named = _global_names(model)
+    split = expert_tensor_parallel_parameters(model.container)
+
+    def local(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        layer = split.get(param)
+        return (
+            tensor if layer is None else whole_expert_tensor(tensor, param, layer.expert_tp_group, slice_back)
+        )
+
     for g, p, sharding in named:
-        _add(state, f"model.{g}", p.detach(), p, sharding, tp_group)
+        _add(state, f"model.{g}", local(p.detach(), p), p, sharding, tp_group)
     for key, buffer in _persistent_buffers(model.container, model.global_parameter_name).items():
         if saved_keys is None or key in saved_keys:
             state[key] = buffer
@@ -112,7 +128,7 @@ def training_state_dict(
         states = param_states if param_states is not None else optimizer.gather_param_states()
         for g, p, sharding in named:
             for key, value in states[p].items():
-                _add(state, f"optimizer.{g}.{key}", value, p, sharding, tp_group)
+                _add(state, f"optimizer.{g}.{key}", local(value, p), p, sharding, tp_group)
         state["optimizer.step"] = torch.tensor(optimizer.step_count)
     return state
 
@@ -198,9 +214,11 @@ def load_training_checkpoint(
     else:
         states = optimizer.gather_param_states() if with_optimizer else None
         saved = checkpointer.saved_keys()
-        state = training_state_dict(model, optimizer, tp_group, with_optimizer, states, saved)
+        slice_back: list[SliceBack] = []
+        state = training_state_dict(model, optimizer, tp_group, with_optimizer, states, saved, slice_back)
         state |= {HISTORY_KEY: ""} | rng
         iteration = checkpointer.load(state)
+        copy_slices_back(slice_back)
         if with_optimizer:  # ``states`` now holds the loaded values
             optimizer.scatter_param_states(states, int(state["optimizer.step"]))
         else:  # fresh optimizer state on the loaded weights

@@ -78,7 +78,7 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
         ConfigError: the global batch is not a multiple of micro-batch x data-parallel size, the
             interleaved schedule's micro-batches do not divide over the stages, a checkpoint format
             other than ``torch_dist``, an expert-parallel size that does not fit (see
-            ``_check_expert_parallel``), a layout ``--fsdp`` cannot run, or an option context
+            ``_check_expert_parallel`` and ``_check_expert_tensor_parallel``), a layout ``--fsdp`` cannot run, or an option context
             parallelism cannot (see ``_check_context_parallel``), ``export_hf`` for a model no Hugging
             Face family holds (see ``hf_export.hf_model_type``), a model that the checkpoint
             to resume (``checkpoint.load``) does not hold (see ``check_model_matches_checkpoint``), or
@@ -124,7 +124,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             "mcore-train writes torch_dist checkpoints (torch.distributed.checkpoint; with --fsdp they hold "
             f"the DTensor state dicts); {checkpoint.ckpt_format!r} is not implemented",
         )
-    _check_expert_parallel(configs, world_size // mp)
+    _check_expert_parallel(configs, world_size)
+    _check_expert_tensor_parallel(configs)
     if configs.training.export_hf:
         hf_model_type(model)  # a model no Hugging Face family holds is refused before training
     if training.fsdp:
@@ -138,23 +139,47 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     return resolved
 
 
-def _check_expert_parallel(configs: TrainConfigs, dp_cp: int) -> None:
-    """EP > 1 needs MoE layers, experts that divide over it, EP dividing the ranks of one TP x PP
-    slice (data x context parallel ranks: the expert grid is expert-TP x EP x expert-DP x PP)."""
+def _check_expert_parallel(configs: TrainConfigs, world_size: int) -> None:
+    """EP > 1 needs MoE layers and experts that divide over it; the expert grid (expert-TP x EP x
+    expert-DP x PP, expert-TP defaulting to TP) must factor the ranks of a pipeline stage, as in
+    Megatron-Core: TP x CP x DP = expert-TP x EP x expert-DP."""
     model, ep = configs.model, configs.model.expert_model_parallel_size
-    if ep == 1:
-        return
-    if model.num_moe_experts is None or model.num_moe_experts % ep:
+    if ep > 1 and (model.num_moe_experts is None or model.num_moe_experts % ep):
         raise ConfigError(
             ["num_moe_experts", "expert_model_parallel_size"],
             f"num_moe_experts ({model.num_moe_experts}) must be a multiple of expert_model_parallel_size ({ep})",
         )
-    if dp_cp % ep:
+    etp = model.expert_tensor_parallel_size or model.tensor_model_parallel_size
+    stage = world_size // model.pipeline_model_parallel_size
+    if stage % (etp * ep):
         raise ConfigError(
-            ["expert_model_parallel_size", "nproc_per_node"],
-            f"expert_model_parallel_size ({ep}) must divide the data x context parallel ranks ({dp_cp} = "
-            "ranks / (TP x PP)): expert-parallel ranks are taken from them",
+            ["expert_model_parallel_size", "expert_tensor_parallel_size", "nproc_per_node"],
+            f"expert-tensor x expert parallel sizes ({etp} x {ep}) must divide the ranks of a pipeline "
+            f"stage ({stage} = ranks / PP): TP x CP x DP = ETP x EP x expert-DP",
         )
+
+
+def _check_expert_tensor_parallel(configs: TrainConfigs) -> None:
+    """With ``expert_tensor_parallel_size`` set, the tensor-parallel ranks split each micro-batch's
+    tokens among them for the experts; split experts are not written by ``--fsdp`` or ``--export-hf``."""
+    model, training = configs.model, configs.training
+    etp, tp = model.expert_tensor_parallel_size, model.tensor_model_parallel_size
+    if etp is None:
+        return
+    tokens = configs.data.seq_length // model.context_parallel_size * training.micro_batch_size
+    if tokens % tp:
+        raise ConfigError(
+            ["seq_length", "micro_batch_size", "tensor_model_parallel_size"],
+            f"with expert_tensor_parallel_size set the {tp} tensor-parallel ranks split each micro-batch's "
+            f"{tokens} tokens (per context-parallel rank) among them: make it a multiple of {tp}",
+        )
+    for flag, on in (("fsdp", training.fsdp), ("export_hf", training.export_hf)):
+        if etp > 1 and on:
+            raise ConfigError(
+                ["expert_tensor_parallel_size", flag],
+                f"{flag} does not handle experts split over expert-tensor-parallel ranks yet; "
+                "use expert_tensor_parallel_size 1 (or leave it unset) with it",
+            )
 
 
 def _check_context_parallel(configs: TrainConfigs) -> None:
@@ -201,6 +226,7 @@ def pretrain(configs: TrainConfigs) -> dict | None:
             context_parallel_size=model_config.context_parallel_size,
             virtual_pipeline_model_parallel_size=model_config.virtual_pipeline_model_parallel_size,
             expert_model_parallel_size=model_config.expert_model_parallel_size,
+            expert_tensor_parallel_size=model_config.expert_tensor_parallel_size,
             order=model_config.parallel_order,
         )
     try:
@@ -413,6 +439,11 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
                 if model_config.expert_model_parallel_size > 1
                 else ""
             )
+            + (
+                f" ETP={model_config.expert_tensor_parallel_size}"
+                if model_config.expert_tensor_parallel_size is not None
+                else ""
+            )
             + f" DP={dp_size}"
             + (" SP" if model_config.sequence_parallel else "")
             + (" distributed-optimizer" if configs.ddp.use_distributed_optimizer else "")
@@ -466,25 +497,28 @@ def _count_parameters(model, groups, fsdp: bool = False) -> int:
     if fsdp:
         return fsdp_parameter_count(model)
     tp = dist.get_world_size(groups.tp)
-    ep = dist.get_world_size(groups.ep) if groups.ep is not None else 1
+    params = list(model.container.parameters())
     local = sum(
         p.numel() * (1.0 if getattr(p, "tensor_model_parallel", False) else 1.0 / tp)
-        for p in model.container.parameters()
-        if not (ep > 1 and getattr(p, "expert_parallel", False))
-    )
-    experts = sum(
-        p.numel() / tp
-        for p in model.container.parameters()
-        if ep > 1 and getattr(p, "expert_parallel", False)
+        for p in params
+        if not getattr(p, "expert_parallel", False)
     )
     device = get_group_device(groups.mp)
     total = torch.tensor([local], dtype=torch.float64, device=device)
-    if ep > 1:  # each expert-parallel rank holds other experts
-        experts = torch.tensor([experts], dtype=torch.float64, device=device)
-        dist.all_reduce(experts, group=groups.ep)
-        total += experts
     dist.all_reduce(total, group=groups.mp)
-    return round(total.item())
+    # experts: each slice once (a tensor replicated over expert-TP ranks on the first), over all stages
+    etp_rank = dist.get_rank(groups.expert_tp) if groups.expert_tp is not None else 0
+    experts = sum(
+        p.numel()
+        for p in params
+        if getattr(p, "expert_parallel", False)
+        and (getattr(p, "expert_tensor_parallel_dim", None) is not None or etp_rank == 0)
+    )
+    experts = torch.tensor([experts], dtype=torch.float64, device=device)
+    for group in (groups.tp_ep, groups.pp):
+        if group is not None:
+            dist.all_reduce(experts, group=group)
+    return round((total + experts).item())
 
 
 def _log_grads(logger: DataGradientLogger, model) -> None:

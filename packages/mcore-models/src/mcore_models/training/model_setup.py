@@ -88,13 +88,15 @@ def build_train_model(
     _check_overlap(container, ddp_config, groups)
     # context-parallel ranks hold replicas of the weights too: their gradients are reduced with DP's
     cp_size = dist.get_world_size(groups.cp) if groups.cp is not None else 1
-    # experts differ between expert-parallel ranks: theirs are reduced over the ranks holding the same
+    # experts differ between expert-parallel ranks (and are split with expert tensor parallelism):
+    # theirs are reduced over the ranks holding the same
     ep_size = dist.get_world_size(groups.ep) if groups.ep is not None else 1
+    experts_apart = ep_size > 1 or config.expert_tensor_parallel_size is not None
     ddp = DistributedDataParallel(
         container,
         ddp_config,
         groups.dp_cp if cp_size > 1 else groups.dp,
-        expert_dp_group=groups.expert_dp if ep_size > 1 else None,
+        expert_dp_group=groups.expert_dp if experts_apart else None,
     )
     return TrainModel(chunks, container, ddp)
 

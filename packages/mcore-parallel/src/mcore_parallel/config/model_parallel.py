@@ -30,7 +30,10 @@ class ModelParallelConfig:
         1, minimum=1, help="Ranks that split the experts of MoE layers."
     )
     expert_tensor_parallel_size: int | None = config_field(
-        None, minimum=1, help="Tensor-parallel size inside expert layers (default: the tensor-parallel size)."
+        None,
+        minimum=1,
+        help="Ranks that split each MoE expert (FC1 by rows, FC2 by columns); unset: experts whole on every "
+        "tensor-parallel rank (the expert grid then takes the tensor-parallel size).",
     )
     sequence_parallel: bool = config_field(
         False, help="Split activations outside tensor-parallel regions along the sequence."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -12,7 +14,14 @@ from ..distributed.data_parallel import DistributedDataParallel
 from ..distributed.grad_bucket import GradBucket
 from ..process_groups.collection import ProcessGroupCollection
 from .adam import build_adam_optimizer
-from .grad_norm import all_reduce_grad_norm, all_reduce_sum, counts_toward_grad_norm, sum_of_squares
+from .grad_norm import (
+    all_reduce_grad_norm,
+    all_reduce_sum,
+    counts_toward_expert_grad_norm,
+    counts_toward_grad_norm,
+    experts_counted_apart,
+    sum_of_squares,
+)
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -92,25 +101,36 @@ class DistributedOptimizer:
 
     def _global_grad_norm(self) -> float:
         """Norm of the whole model's gradient; each element counted once (see ``grad_norm``)."""
-        tp_group = self.process_groups.tp if self.process_groups is not None else None
+        groups = self.process_groups
+        tp_group = groups.tp if groups is not None else None
+        apart = self.model.expert_dp_group is not None and experts_counted_apart(groups)
         owned, expert_owned = [], []
         for main, bucket in zip(self.main_params, self.buckets, strict=True):
             shard_end = bucket.shard_start + bucket.shard_numel
             expert = bucket.dp_group is not self.model.dp_group  # an expert-parallel buffer's
             for param, offset in bucket.param_offsets.items():
                 start, end = max(offset, bucket.shard_start), min(offset + param.numel(), shard_end)
-                if start < end and counts_toward_grad_norm(param, tp_group):
+                counted = (
+                    counts_toward_expert_grad_norm(param, groups.expert_tp)
+                    if apart and expert
+                    else counts_toward_grad_norm(param, tp_group)
+                )
+                if start < end and counted:
                     part = main.grad[start - bucket.shard_start : end - bucket.shard_start]
                     (expert_owned if expert else owned).append(part)
         squares = sum_of_squares(owned)
-        model_parallel = self.process_groups.mp if self.process_groups is not None else None
+        model_parallel = groups.mp if groups is not None else None
         if self.model.expert_dp_group is None:
             return all_reduce_grad_norm(squares, [self.model.dp_group, model_parallel])
+        if apart:  # experts: over the ranks sharing their gradients, then all experts' slices and stages
+            dense = all_reduce_sum(squares, [self.model.dp_group, model_parallel])
+            experts = all_reduce_sum(
+                sum_of_squares(expert_owned), [self.model.expert_dp_group, groups.tp_ep, groups.pp]
+            )
+            return math.sqrt((dense + experts.to(dense.device)).item())
         # experts: summed over the ranks sharing their gradients and the ranks holding other experts
         dense = all_reduce_sum(squares, [self.model.dp_group])
-        experts = all_reduce_sum(
-            sum_of_squares(expert_owned), [self.model.expert_dp_group, self.process_groups.ep]
-        )
+        experts = all_reduce_sum(sum_of_squares(expert_owned), [self.model.expert_dp_group, groups.ep])
         return all_reduce_grad_norm(dense + experts.to(dense.device), [model_parallel])
 
     def _publish_main_params(self) -> None:

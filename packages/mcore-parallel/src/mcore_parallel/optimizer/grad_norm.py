@@ -8,7 +8,11 @@ where gradients are sharded (distributed optimizer), over the data-parallel grou
 
 Expert-parallel parameters (``param.expert_parallel``, MoE experts: each expert-parallel rank holds
 other experts) are summed over the expert-parallel group first (and over the expert-data-parallel
-group where sharded), so each expert counts once too.
+group where sharded), so each expert counts once too. Where the groups have an expert-tensor x
+expert group (``tp_ep``, made by ``initialize_model_parallel``) the experts are counted apart from
+the dense parameters: a slice split over the expert-tensor-parallel group
+(``param.expert_tensor_parallel_dim`` set) on each of its ranks, an expert tensor replicated over
+it on its rank 0 only, summed over ``tp_ep`` and the pipeline group.
 """
 
 from __future__ import annotations
@@ -33,6 +37,23 @@ def counts_toward_grad_norm(param: torch.Tensor, tp_group: dist.ProcessGroup | N
 def is_expert_parallel(param: torch.Tensor) -> bool:
     """Whether ``param`` is an expert's, different on each expert-parallel rank (``expert_parallel``)."""
     return getattr(param, "expert_parallel", False)
+
+
+def is_expert_tensor_parallel(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a slice of an expert tensor split over the expert-tensor-parallel group."""
+    return getattr(param, "expert_tensor_parallel_dim", None) is not None
+
+
+def counts_toward_expert_grad_norm(param: torch.Tensor, expert_tp_group: dist.ProcessGroup | None) -> bool:
+    """Whether this rank counts the expert parameter ``param`` in the global norm (see the module docstring)."""
+    if is_expert_tensor_parallel(param) or expert_tp_group is None:
+        return True
+    return dist.get_rank(expert_tp_group) == 0
+
+
+def experts_counted_apart(process_groups: ProcessGroupCollection | None) -> bool:
+    """Whether expert parameters' squares are added up over ``tp_ep`` and ``pp``, apart from the rest."""
+    return process_groups is not None and process_groups.tp_ep is not None
 
 
 def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -79,6 +100,27 @@ def clip_grad_norm(
         grad = param.grad if grad is None else grad
         if grad is not None:
             grads.append((param, grad))
+    if experts_counted_apart(process_groups):
+        norm = _norm_with_experts_apart(grads, process_groups)
+    else:
+        norm = _norm(grads, process_groups, tp_group)
+    if max_norm > 0 and norm > max_norm:
+        for _, grad in grads:
+            grad.mul_(max_norm / (norm + 1e-6))
+    return norm
+
+
+def _norm_with_experts_apart(grads: list, groups: ProcessGroupCollection) -> float:
+    dense = [g for p, g in grads if not is_expert_parallel(p) and counts_toward_grad_norm(p, groups.tp)]
+    experts = [
+        g for p, g in grads if is_expert_parallel(p) and counts_toward_expert_grad_norm(p, groups.expert_tp)
+    ]
+    total = all_reduce_sum(sum_of_squares(dense), [groups.mp])
+    experts_total = all_reduce_sum(sum_of_squares(experts), [groups.tp_ep, groups.pp])
+    return math.sqrt((total + experts_total.to(total.device)).item())
+
+
+def _norm(grads: list, process_groups: ProcessGroupCollection | None, tp_group) -> float:
     ep_group = process_groups.ep if process_groups is not None else None
     split = ep_group is not None and dist.get_world_size(ep_group) > 1
     counted = [(param, grad) for param, grad in grads if counts_toward_grad_norm(param, tp_group)]
@@ -87,8 +129,4 @@ def clip_grad_norm(
         experts = sum_of_squares(grad for param, grad in counted if is_expert_parallel(param))
         experts = all_reduce_sum(experts, [ep_group])
         local = local.to(experts.device) + experts
-    norm = all_reduce_grad_norm(local, [process_groups.mp if process_groups is not None else None])
-    if max_norm > 0 and norm > max_norm:
-        for _, grad in grads:
-            grad.mul_(max_norm / (norm + 1e-6))
-    return norm
+    return all_reduce_grad_norm(local, [process_groups.mp if process_groups is not None else None])

@@ -36,8 +36,8 @@ from .special_tokens import token_id, token_ids
 class GPTModel(torch.nn.Module):
     """A decoder-only language model.
 
-    MoE layers of the layer spec take their expert-parallel group from ``pg_collection.ep`` when
-    it is set. ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
+    MoE layers of the layer spec take their expert-parallel and expert-tensor-parallel groups from
+    ``pg_collection.ep`` and ``pg_collection.expert_tp`` when they are set. ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
     final norm and output layer; a stage without the embedding takes its input through
     ``set_input_tensor``. Layers of this stage are split evenly over the pipeline group of
     ``pg_collection`` (or the global groups). ``forward`` returns logits
@@ -127,7 +127,9 @@ class GPTModel(torch.nn.Module):
         self.decoder = TransformerBlock(
             config,
             with_expert_parallel_group(
-                layer_spec if layer_spec is not None else get_gpt_layer_spec(config), groups.ep
+                layer_spec if layer_spec is not None else get_gpt_layer_spec(config),
+                groups.ep,
+                groups.expert_tp,
             ),
             tp_group=self.tp_group,
             cp_group=self.cp_group,

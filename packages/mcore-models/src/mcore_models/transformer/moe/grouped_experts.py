@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from mcore_api import experimental_api
 
 from ...config.transformer_config import TransformerConfig
 from ..activations import activation_function, weighted_activation_function
 from ..init import init_method, output_init_method
+from .expert_sharding import expert_tp_size, mark_sharded, output_bias, sharded_width
 
 
 @experimental_api
@@ -17,11 +19,20 @@ class GroupedExperts(torch.nn.Module):
     ``SequentialExperts.local_experts[e].linear_fc{1,2}.weight``), biases ``bias1``/``bias2``
     likewise. ``forward`` scatters the rows into a zero-padded ``[E_local, max_rows, h]`` batch,
     runs ``torch.bmm`` and gathers the real rows back: no Python loop over experts. With
-    ``probs [rows]`` the activation is weighted per row, as in ``SequentialExperts``."""
+    ``probs [rows]`` the activation is weighted per row, as in ``SequentialExperts``. With an
+    ``expert_tp_group`` of size ``P`` this rank holds ``1/P`` of each expert's hidden width (see
+    ``expert_sharding``) and returns its partial output."""
 
-    def __init__(self, config: TransformerConfig, *, num_local_experts: int):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        *,
+        num_local_experts: int,
+        expert_tp_group: dist.ProcessGroup | None = None,
+    ):
         super().__init__()
-        ffn = config.moe_ffn_hidden_size
+        self.expert_tp_group = expert_tp_group
+        ffn = sharded_width(config.moe_ffn_hidden_size, expert_tp_group)
         width = ffn * (2 if config.gated_linear_unit else 1)
         h, dtype = config.hidden_size, config.params_dtype
         self.num_local_experts = num_local_experts
@@ -34,6 +45,11 @@ class GroupedExperts(torch.nn.Module):
             self.bias2 = torch.nn.Parameter(torch.zeros(num_local_experts, 1, h, dtype=dtype))
         else:
             self.bias1 = self.bias2 = None
+        if expert_tp_size(expert_tp_group) > 1:
+            mark_sharded(self.weight1, 1, config.gated_linear_unit)
+            if self.bias1 is not None:
+                mark_sharded(self.bias1, 2, config.gated_linear_unit)
+            mark_sharded(self.weight2, 2)
         self.activation = activation_function(config)
         self.weighted_activation = weighted_activation_function(config)
 
@@ -57,5 +73,5 @@ class GroupedExperts(torch.nn.Module):
             x = self.weighted_activation(x, batch_probs.view(experts, longest))
         x = torch.bmm(x, self.weight2.transpose(1, 2))
         if self.bias2 is not None:
-            x = x + self.bias2
+            x = x + output_bias(self.bias2, self.expert_tp_group)
         return x.reshape(experts * longest, -1).index_select(0, slot)

@@ -52,3 +52,30 @@ def exchange_rows(
     me = dist.get_rank(group)
     output_splits = [row[me] for row in send]
     return all_to_all(x, group, output_splits, list(send[me]))
+
+
+def gather_rows(
+    x: torch.Tensor, group: dist.ProcessGroup, counts: list[int], *, via_all_gather: bool = False
+) -> torch.Tensor:
+    """The rows of every rank of ``group`` (``counts[i]`` rows on rank ``i``), rank 0's first; an
+    uneven all-gather whose gradient sums each rank's rows' gradients over the group (a
+    reduce-scatter), as expert tensor parallelism needs."""
+    size = len(counts)
+    if size == 1:
+        return x
+    send = [[count] * size for count in counts]
+    return exchange_rows(x.repeat(size, *([1] * (x.dim() - 1))), group, send, via_all_gather=via_all_gather)
+
+
+def reduce_scatter_rows(
+    x: torch.Tensor, group: dist.ProcessGroup, counts: list[int], *, via_all_gather: bool = False
+) -> torch.Tensor:
+    """The inverse of ``gather_rows``: ``x`` holds partial rows of every rank (``counts[i]`` for
+    rank ``i``, rank 0's first); each rank gets the sum over the group of its own rows."""
+    size = len(counts)
+    if size == 1:
+        return x
+    me = dist.get_rank(group)
+    send = [list(counts) for _ in range(size)]
+    received = exchange_rows(x, group, send, via_all_gather=via_all_gather)
+    return received.view(size, counts[me], *x.shape[1:]).sum(0)

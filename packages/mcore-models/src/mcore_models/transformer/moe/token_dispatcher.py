@@ -6,7 +6,9 @@ Rank ``r`` of an expert-parallel group of size ``P`` holds experts
 grouped by expert, and the row count of each; ``combine`` takes the experts' outputs for those
 rows and returns ``[T, h]``: each token's outputs weighted by its routing probabilities and summed.
 ``dispatch_weighted`` also returns each row's probability, for experts that apply it inside their
-activation; ``combine`` then sums the outputs unweighted.
+activation; ``combine`` then sums the outputs unweighted. With an expert-tensor-parallel group
+(each expert split over its ranks, see ``expert_sharding``) the rows of all its ranks are gathered
+for the experts, and their partial outputs are summed back to the rows' ranks.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ...config.transformer_config import TransformerConfig
 from .capacity import expert_capacity
 from .permutation import ExpertRows, permute, permute_probs, plan_expert_rows, unpermute
 from .router_interface import RouterOutput
-from .row_exchange import exchange_rows
+from .row_exchange import exchange_rows, gather_rows, reduce_scatter_rows
 
 
 def _all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -37,12 +39,36 @@ def _split_probs(rows: torch.Tensor, with_probs: bool) -> tuple[torch.Tensor, to
     return rows[:, :-1], rows[:, -1]
 
 
-class _TokenDispatcher:
-    """What both dispatchers share: the group, this rank's experts and the row padding."""
+def _expert_major_order(counts: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Indices that reorder rows grouped by source, then expert (``counts[source][expert]`` rows)
+    into rows grouped by expert, then source."""
+    starts, offset = [], 0
+    for per_expert in counts:
+        starts.append([])
+        for count in per_expert:
+            starts[-1].append(offset)
+            offset += count
+    pieces = [
+        torch.arange(starts[source][e], starts[source][e] + counts[source][e])
+        for e in range(len(counts[0]))
+        for source in range(len(counts))
+    ]
+    return torch.cat(pieces).to(device)
 
-    def __init__(self, config: TransformerConfig, ep_group: dist.ProcessGroup | None):
+
+class _TokenDispatcher:
+    """What both dispatchers share: the groups, this rank's experts and the row padding."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        ep_group: dist.ProcessGroup | None,
+        expert_tp_group: dist.ProcessGroup | None = None,
+    ):
         self.config = config
         self.ep_group = ep_group
+        self.expert_tp_group = expert_tp_group
+        self.etp_size = dist.get_world_size(expert_tp_group) if expert_tp_group is not None else 1
         self.ep_size = dist.get_world_size(ep_group) if ep_group is not None else 1
         self.ep_rank = dist.get_rank(ep_group) if ep_group is not None else 0
         self.num_experts = config.num_moe_experts
@@ -85,25 +111,26 @@ class _TokenDispatcher:
 
 @experimental_api
 class AllGatherTokenDispatcher(_TokenDispatcher):
-    """Every rank all-gathers all tokens and routing of the group, runs its experts on the copies
-    routed to them, and the partial outputs are reduce-scattered back to their ranks. Needs the
-    same token count on every rank."""
+    """Every rank all-gathers all tokens and routing of its expert-tensor-parallel and
+    expert-parallel groups, runs its experts on the copies routed to them, and the partial outputs
+    are reduce-scattered back to their ranks. Needs the same token count on every rank."""
 
     def _dispatch(self, hidden: torch.Tensor, routing: RouterOutput, with_probs: bool):
         local_tokens = hidden.shape[0]
         probs, indices, keep = routing.probs, routing.indices, routing.keep
-        if self.ep_size > 1:
-            hidden = gather_from_sequence_parallel_region(hidden, self.ep_group)
-            probs = gather_from_sequence_parallel_region(probs, self.ep_group)
-            indices = _all_gather_rows(indices, self.ep_group)
-            if keep is not None:
-                keep = _all_gather_rows(keep.to(torch.uint8), self.ep_group).bool()
+        for group, size in ((self.expert_tp_group, self.etp_size), (self.ep_group, self.ep_size)):
+            if size > 1:
+                hidden = gather_from_sequence_parallel_region(hidden, group)
+                probs = gather_from_sequence_parallel_region(probs, group)
+                indices = _all_gather_rows(indices, group)
+                if keep is not None:
+                    keep = _all_gather_rows(keep.to(torch.uint8), group).bool()
         capacity = self._capacity_rows(local_tokens)
         self._plan = plan_expert_rows(
             indices - self.first_expert,
             keep,
             self.num_local_experts,
-            min_rows=None if capacity is None else capacity * self.ep_size,
+            min_rows=None if capacity is None else capacity * self.ep_size * self.etp_size,
             alignment=self.config.moe_router_padding_for_alignment,
         )
         self._probs = None if with_probs else probs
@@ -116,6 +143,8 @@ class AllGatherTokenDispatcher(_TokenDispatcher):
         self._forget()
         if self.ep_size > 1:
             out = reduce_scatter_to_sequence_parallel_region(out, self.ep_group)
+        if self.etp_size > 1:
+            out = reduce_scatter_to_sequence_parallel_region(out, self.expert_tp_group)
         return out
 
 
@@ -124,15 +153,24 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
     """Each rank sorts its token copies by expert and sends every rank exactly the copies routed
     to that rank's experts (an uneven all-to-all); the outputs travel back the same way.
     ``via_all_gather`` exchanges rows through padded all-gathers instead, for backends without
-    uneven all-to-all. Ranks may receive zero rows."""
+    uneven all-to-all. Ranks may receive zero rows. With an expert-tensor-parallel group the
+    received rows are then gathered over it (an uneven all-gather) and the partial outputs summed
+    back over it before their return trip."""
 
     def __init__(
-        self, config: TransformerConfig, ep_group: dist.ProcessGroup | None, *, via_all_gather: bool = False
+        self,
+        config: TransformerConfig,
+        ep_group: dist.ProcessGroup | None,
+        expert_tp_group: dist.ProcessGroup | None = None,
+        *,
+        via_all_gather: bool = False,
     ):
-        super().__init__(config, ep_group)
+        super().__init__(config, ep_group, expert_tp_group)
         self.via_all_gather = via_all_gather
         self._send: list[list[int]] = []
         self._order: torch.Tensor | None = None
+        self._etp_counts: list[int] = []
+        self._etp_order: torch.Tensor | None = None
 
     def _dispatch(self, hidden: torch.Tensor, routing: RouterOutput, with_probs: bool):
         self._plan = plan_expert_rows(
@@ -148,33 +186,48 @@ class AllToAllTokenDispatcher(_TokenDispatcher):
             rows = torch.cat(
                 (rows, permute_probs(routing.probs, self._plan).unsqueeze(-1).to(rows.dtype)), -1
             )
-        if self.ep_size == 1:
-            return (*_split_probs(rows, with_probs), self._plan.rows_per_expert.tolist())
+        if self.ep_size > 1:
+            rows, tokens_per_expert = self._exchange_over_ep(rows)
+        else:
+            tokens_per_expert = self._plan.rows_per_expert.tolist()
+        if self.etp_size > 1:
+            rows, tokens_per_expert = self._gather_over_expert_tp(rows, tokens_per_expert)
+        return (*_split_probs(rows, with_probs), tokens_per_expert)
+
+    def _exchange_over_ep(self, rows: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Rows routed to this rank's experts from every expert-parallel rank, expert-major."""
         local = self.num_local_experts
         counts = _all_gather_rows(self._plan.rows_per_expert.unsqueeze(0), self.ep_group).tolist()  # [P][E]
         self._send = [[sum(row[j * local : (j + 1) * local]) for j in range(self.ep_size)] for row in counts]
         received = exchange_rows(rows, self.ep_group, self._send, via_all_gather=self.via_all_gather)
         # Received rows are ordered by source rank, then local expert; the experts want expert-major.
         mine = [row[self.first_expert : self.first_expert + local] for row in counts]
-        starts, offset = [], 0
-        for per_expert in mine:
-            source_starts = []
-            for count in per_expert:
-                source_starts.append(offset)
-                offset += count
-            starts.append(source_starts)
-        pieces = [
-            torch.arange(starts[source][e], starts[source][e] + mine[source][e])
-            for e in range(local)
-            for source in range(self.ep_size)
-        ]
-        self._order = torch.cat(pieces).to(hidden.device)
+        self._order = _expert_major_order(mine, rows.device)
         tokens_per_expert = [sum(mine[source][e] for source in range(self.ep_size)) for e in range(local)]
-        rows = received.index_select(0, self._order)
-        return (*_split_probs(rows, with_probs), tokens_per_expert)
+        return received.index_select(0, self._order), tokens_per_expert
+
+    def _gather_over_expert_tp(
+        self, rows: torch.Tensor, tokens_per_expert: list[int]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The rows of every expert-tensor-parallel rank for the (shared) local experts, expert-major."""
+        mine = torch.tensor([tokens_per_expert], device=rows.device)
+        counts = _all_gather_rows(mine, self.expert_tp_group).tolist()  # [P][local]
+        self._etp_counts = [sum(row) for row in counts]
+        gathered = gather_rows(
+            rows, self.expert_tp_group, self._etp_counts, via_all_gather=self.via_all_gather
+        )
+        self._etp_order = _expert_major_order(counts, rows.device)
+        tokens_per_expert = [sum(row[e] for row in counts) for e in range(self.num_local_experts)]
+        return gathered.index_select(0, self._etp_order), tokens_per_expert
 
     def combine(self, rows: torch.Tensor) -> torch.Tensor:
         """``[T, h]`` for this rank's tokens from the local experts' output ``rows``."""
+        if self.etp_size > 1:
+            source_major = torch.zeros_like(rows).index_copy(0, self._etp_order, rows)
+            rows = reduce_scatter_rows(
+                source_major, self.expert_tp_group, self._etp_counts, via_all_gather=self.via_all_gather
+            )
+            self._etp_order = None
         if self.ep_size > 1:
             source_major = torch.zeros_like(rows).index_copy(0, self._order, rows)
             back = [list(column) for column in zip(*self._send, strict=True)]
