@@ -1,8 +1,8 @@
 """``cross_entropy`` of given logits against ``F.cross_entropy``: losses and gradients in float32
 for odd shapes (vocabularies 123 and 1000, 1, 5 and 37 tokens, leading dimensions), chunk sizes
 not dividing the tokens, every reduction, label smoothing and ignored targets, bfloat16 within
-rounding; the vocabulary-parallel form on 2 gloo ranks; what autograd keeps (the logits and one
-number per token); the Triton kernels under the interpreter and on a GPU; argument errors."""
+rounding; the vocabulary-parallel form on 2 gloo ranks; what autograd keeps (the logits and a few
+numbers per token); the Triton kernels under the interpreter and on a GPU; argument errors."""
 
 import pytest
 import torch
@@ -92,7 +92,7 @@ def test_bfloat16_within_rounding():
     torch.testing.assert_close(got[1].float(), expected[1].float(), rtol=2e-2, atol=2e-3)
 
 
-def test_backward_keeps_the_logits_and_one_number_per_token():
+def test_backward_keeps_the_logits_and_a_few_numbers_per_token():
     tokens, vocab = 64, 1000
     logits, target, _ = _inputs((tokens,), vocab)
     logits.requires_grad_()
@@ -104,8 +104,9 @@ def test_backward_keeps_the_logits_and_one_number_per_token():
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         cross_entropy(logits, target)
-    assert any(tensor is logits for tensor in kept)  # the caller's tensor, not a copy
-    assert sum(tensor.numel() for tensor in kept if tensor is not logits) <= 4 * tokens
+    shared = [tensor.data_ptr() == logits.data_ptr() for tensor in kept]
+    assert any(shared)  # a view of the caller's logits, not a copy
+    assert sum(tensor.numel() for tensor, view in zip(kept, shared, strict=True) if not view) <= 5 * tokens
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
