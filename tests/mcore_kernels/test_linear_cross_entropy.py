@@ -186,6 +186,23 @@ def test_vocab_parallel_matches_full_logits(kind, cut, smoothing, run_distribute
     assert _vocab_parallel_errors(kind, cut, smoothing, "reference", run_distributed) == {}
 
 
+def test_vocab_parallel_target_outside_every_shard_is_named_on_every_rank(run_distributed):
+    def body():
+        rank = dist.get_rank()
+        hidden, weight, _ = _inputs(4, 10)
+        target = torch.tensor([0, 9, 10, 3])  # 10 classes over two shards of 5: 10 is in neither
+        try:
+            linear_cross_entropy(
+                hidden, weight[5 * rank : 5 * rank + 5], target, group=dist.group.WORLD, vocab_start=5 * rank
+            )
+        except ValueError as error:
+            return str(error)
+        return None
+
+    for message in run_distributed(body, 2, timeout=60):
+        assert message is not None and "target 10 is not in exactly one rank's vocabulary shard" in message
+
+
 def _vocab_parallel_errors(kind, cut, smoothing, backend, run):
     """Per rank, the outputs that differ from the oracle's (empty when all agree): rank 0 holds the
     classes below ``cut``, rank 1 the rest (none when ``cut`` is the vocabulary)."""
