@@ -136,6 +136,27 @@ def test_only_the_needed_gradients_and_no_grad():
         )
 
 
+def test_no_gradients_are_computed_under_no_grad(monkeypatch):
+    from mcore_kernels import cross_entropy_linear
+
+    computed = []
+    forward_chunks = cross_entropy_linear._forward_chunks
+
+    def spy(*args):
+        result = forward_chunks(*args)
+        computed.append([grad is not None for grad in result[3:]])
+        return result
+
+    monkeypatch.setattr(cross_entropy_linear, "_forward_chunks", spy)
+    hidden, weight, target = _inputs(37, 123)
+    hidden.requires_grad_(), weight.requires_grad_()
+    with torch.no_grad():
+        evaluated = linear_cross_entropy(hidden, weight, target)
+    trained = linear_cross_entropy(hidden, weight, target)
+    assert computed == [[False, False], [True, True]]
+    assert torch.equal(evaluated, trained.detach())
+
+
 def test_bfloat16_within_rounding():
     hidden, weight, target = _inputs(37, 123, dtype=torch.bfloat16)
     upstream = _upstream("masked_mean", "none", 37)

@@ -19,9 +19,9 @@ from mcore_kernels.activations import (
     squared_relu,
     swiglu,
 )
-from mcore_kernels.cross_entropy import cross_entropy
+from mcore_kernels.cross_entropy_linear import linear_cross_entropy
+from mcore_kernels.cross_entropy_logits import cross_entropy
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
-from mcore_kernels.linear_cross_entropy import linear_cross_entropy
 from mcore_kernels.moe_padding import moe_padded_counts
 from mcore_kernels.moe_permute import moe_permute, moe_unpermute
 from mcore_kernels.moe_routing import moe_topk_routing

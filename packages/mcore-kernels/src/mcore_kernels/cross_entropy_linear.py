@@ -81,11 +81,22 @@ def _forward_chunks(kernels, hidden, weight, targets, group, smoothing, chunk_ro
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, hidden, weight, target, group, vocab_start, ignore_index, chunk_rows, smoothing, backend
+        ctx,
+        hidden,
+        weight,
+        target,
+        group,
+        vocab_start,
+        ignore_index,
+        chunk_rows,
+        smoothing,
+        backend,
+        recorded,
     ):
         kernels = chunk_kernels(backend)
         targets = counted_targets(target, ignore_index, vocab_start, weight.shape[0])
-        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # needs_input_grad is set under no_grad too, where no backward follows: ``recorded`` says
+        need_hidden, need_weight = (recorded and ctx.needs_input_grad[i] for i in (0, 1))
         loss, lse, found, grad_hidden, grad_weight = _forward_chunks(
             kernels, hidden, weight, targets, group, smoothing, chunk_rows, need_hidden, need_weight
         )
@@ -117,7 +128,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 recompute = (chunk_kernels(backend), hidden, weight, targets, lse, smoothing, chunk_rows)
                 _add_recomputed(grad_weight, rows, g - common, *recompute)
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
 def _add_recomputed(grad_weight, rows, scale, kernels, hidden, weight, targets, lse, smoothing, chunk_rows):
@@ -167,6 +178,7 @@ def linear_cross_entropy(
         rows,
         smoothing,
         backend,
+        torch.is_grad_enabled(),
     )
     return reduce(loss, flat_target != ignore_index, reduction).view(
         target.shape if reduction == "none" else ()
