@@ -5,7 +5,9 @@ partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGL
 quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
 attention softmax with scale, causal mask, sliding window and sinks; MoE top-k routing (softmax or
 sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; the paged KV-cache append and attention over a paged
-KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use). Importing this package never imports Triton nor
+KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use); cross
+entropy, of given logits or fused with the output layer over chunks of tokens, optionally over a
+vocabulary split across ranks. Importing this package never imports Triton nor
 compiles anything."""
 
 from importlib.metadata import version as _version
@@ -18,6 +20,8 @@ from mcore_kernels.activations import (
     squared_relu,
     swiglu,
 )
+from mcore_kernels.cross_entropy_linear import linear_cross_entropy
+from mcore_kernels.cross_entropy_logits import cross_entropy
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
 from mcore_kernels.moe_padding import moe_padded_counts
 from mcore_kernels.moe_permute import moe_permute, moe_unpermute
@@ -42,8 +46,10 @@ __all__ = [
     "apply_rotary",
     "attention_softmax",
     "clamped_swiglu",
+    "cross_entropy",
     "geglu",
     "layer_norm",
+    "linear_cross_entropy",
     "moe_padded_counts",
     "moe_permute",
     "moe_topk_routing",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from mcore_kernels import linear_cross_entropy
 from mcore_parallel import (
     ColumnParallelLinear,
     ProcessGroupCollection,
@@ -29,7 +30,6 @@ from ...transformer.spec import ModuleSpec
 from ...transformer.specs import get_gpt_layer_spec
 from ...transformer.yarn import YarnRotaryEmbedding
 from .embedding import LanguageModelEmbedding
-from .linear_cross_entropy import linear_cross_entropy
 from .special_tokens import token_id, token_ids
 
 
@@ -268,7 +268,7 @@ class GPTModel(torch.nn.Module):
 
     def _linear_cross_entropy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Per-token losses ``[b, s]`` from the final hidden states ``[s, b, h]`` without full-vocabulary
-        logits (see ``linear_cross_entropy``): the same values as ``output_layer`` and
+        logits (mcore-kernels' ``linear_cross_entropy``): the same values as ``output_layer`` and
         ``vocab_parallel_cross_entropy``; labels equal to -100 are ignored (loss 0)."""
         invalid = (labels != -100) & ((labels < 0) | (labels >= self.vocab_size))
         if invalid.any():
@@ -286,7 +286,12 @@ class GPTModel(torch.nn.Module):
         start = dist.get_rank(self.tp_group) * local
         weight = layer.weight[: max(0, min(local, self.vocab_size - start))]  # no padded ids
         loss = linear_cross_entropy(
-            hidden.reshape(s * b, -1), weight, labels.t().reshape(-1), group=self.tp_group, vocab_start=start
+            hidden.reshape(s * b, -1),
+            weight,
+            labels.t().reshape(-1),
+            group=self.tp_group,
+            vocab_start=start,
+            reduction="none",
         )
         return loss.view(s, b).t()
 

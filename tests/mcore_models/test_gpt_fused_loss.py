@@ -1,6 +1,7 @@
-"""The fused output layer + cross entropy against ``F.cross_entropy`` on full logits: losses and
-gradients for any upstream gradient (mean, masked mean, arbitrary weights), ignored labels, odd
-chunkings, bf16, tensor parallelism; and ``GPTModel``'s loss with and without the fused path."""
+"""``GPTModel``'s loss through mcore-kernels' ``linear_cross_entropy`` (no full-vocabulary logits)
+against the logits path (``output_layer`` then ``vocab_parallel_cross_entropy``): losses and every
+parameter's gradient, padded vocabularies, tensor and sequence parallelism, labels out of range,
+autocast. The op itself is tested in ``tests/mcore_kernels``."""
 
 import pytest
 import torch
@@ -8,123 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from mcore_models import GPTModel, TransformerConfig
 from mcore_models.hf.sharding import gather_tensor, load_full_state_dict
-from mcore_models.models.gpt.linear_cross_entropy import linear_cross_entropy
 from mcore_parallel import initialize_model_parallel, reduce_sequence_parallel_grads
-
-N, H, V = 37, 16, 50
-
-
-def _inputs(dtype=torch.float32, ignored=True, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(N, H, generator=generator).to(dtype)
-    weight = (torch.randn(V, H, generator=generator) * 0.3).to(dtype)
-    target = torch.randint(0, V, (N,), generator=generator)
-    if ignored:
-        target[::5] = -100
-    return hidden, weight, target
-
-
-def _upstream(kind, target):
-    """The gradient reaching the per-token losses from a mean, a masked mean or arbitrary weights."""
-    if kind == "mean":
-        return torch.full((N,), 1.0 / N)
-    if kind == "masked_mean":
-        mask = torch.ones(N)
-        mask[1::4] = 0.0
-        return mask / mask.sum()
-    return torch.randn(N, generator=torch.Generator().manual_seed(1))
-
-
-def _loss_and_grads(fn, hidden, weight, target, upstream):
-    hidden = hidden.clone().requires_grad_()
-    weight = weight.clone().requires_grad_()
-    loss = fn(hidden, weight, target)
-    loss.backward(upstream)
-    return loss.detach(), hidden.grad, weight.grad
-
-
-def _reference(hidden, weight, target):
-    return F.cross_entropy(F.linear(hidden, weight).float(), target, reduction="none")
-
-
-@pytest.mark.parametrize("chunk_rows", [1, 7, 16, None])
-@pytest.mark.parametrize("kind", ["mean", "masked_mean", "weighted"])
-def test_matches_cross_entropy_of_full_logits(chunk_rows, kind):
-    hidden, weight, target = _inputs()
-    upstream = _upstream(kind, target)
-    expected = _loss_and_grads(_reference, hidden, weight, target, upstream)
-    got = _loss_and_grads(
-        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=chunk_rows), hidden, weight, target, upstream
-    )
-    for name, a, b in zip(("loss", "grad_hidden", "grad_weight"), got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert (got[0][target == -100] == 0).all()
-    assert (got[1][target == -100] == 0).all()
-
-
-def test_bf16_within_rounding():
-    hidden, weight, target = _inputs(torch.bfloat16)
-    upstream = _upstream("masked_mean", target)
-    expected = _loss_and_grads(_reference, hidden, weight, target, upstream)
-    got = _loss_and_grads(
-        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=8), hidden, weight, target, upstream
-    )
-    assert got[0].dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.bfloat16
-    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
-    for a, b in zip(got[1:], expected[1:], strict=True):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
-
-
-def test_only_the_needed_gradients_and_no_grad():
-    hidden, weight, target = _inputs()
-    frozen = weight.clone()
-    h = hidden.clone().requires_grad_()
-    linear_cross_entropy(h, frozen, target).sum().backward()
-    expected = torch.func.grad(lambda x: _reference(x, weight, target).sum())(hidden)
-    torch.testing.assert_close(h.grad, expected, rtol=1e-5, atol=1e-6)
-    w = weight.clone().requires_grad_()
-    linear_cross_entropy(hidden, w, target).sum().backward()
-    expected = torch.func.grad(lambda x: _reference(hidden, x, target).sum())(weight)
-    torch.testing.assert_close(w.grad, expected, rtol=1e-5, atol=1e-6)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            linear_cross_entropy(hidden, weight, target), _reference(hidden, weight, target)
-        )
-
-
-def test_all_labels_ignored():
-    hidden, weight, _ = _inputs()
-    loss, grad_hidden, grad_weight = _loss_and_grads(
-        linear_cross_entropy, hidden, weight, torch.full((N,), -100), torch.ones(N)
-    )
-    assert not loss.any() and not grad_hidden.any() and not grad_weight.any()
-
-
-@pytest.mark.parametrize("cut", [30, V], ids=["uneven", "empty-shard"])
-@pytest.mark.parametrize("kind", ["mean", "weighted"])
-def test_vocab_parallel_matches_full_logits(kind, cut, run_distributed):
-    hidden, weight, target = _inputs()
-    upstream = _upstream(kind, target)
-    expected = _loss_and_grads(_reference, hidden, weight, target, upstream)
-
-    def body():
-        rank = dist.get_rank()
-        rows = [0, cut, V][rank : rank + 2]  # uneven shards, or all on rank 0
-        group = dist.group.WORLD
-        got = _loss_and_grads(
-            lambda h, w, t: linear_cross_entropy(h, w, t, group=group, vocab_start=rows[0], chunk_rows=8),
-            hidden,
-            weight[rows[0] : rows[1]],
-            target,
-            upstream,
-        )
-        dist.all_reduce(got[1], group=group)  # the partial grad_hidden sums over ranks
-        return got, rows
-
-    for got, rows in run_distributed(body, 2, timeout=60):
-        torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(got[2], expected[2][rows[0] : rows[1]], rtol=1e-5, atol=1e-6)
 
 
 def _config(**overrides):
