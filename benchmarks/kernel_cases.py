@@ -13,8 +13,10 @@ import torch
 from mcore_kernels import (
     apply_rotary,
     attention_softmax,
+    cross_entropy,
     geglu,
     layer_norm,
+    linear_cross_entropy,
     moe_permute,
     moe_topk_routing,
     moe_unpermute,
@@ -219,6 +221,30 @@ def paged_cases(
     ]
 
 
+def cross_entropy_cases(device, dtype, tokens: int, hidden: int, vocab: int) -> list[Case]:
+    """Cross entropy of given logits, and fused with the output layer (mean over the tokens)."""
+    liger_fused = _liger("fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction")
+    liger_ce = _liger("cross_entropy", "LigerCrossEntropyFunction")
+    target = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(1)).to(device)
+    hidden_states = _random((tokens, hidden), device, dtype)
+    weight = _random((vocab, hidden), device, dtype, seed=1)
+    logits = _random((tokens, vocab), device, torch.float32, seed=2)
+    return [
+        Case(
+            "linear_cross_entropy",
+            {"hidden": hidden_states, "weight": weight},
+            lambda hidden, weight: linear_cross_entropy(hidden, weight, target),
+            liger=liger_fused and (lambda hidden, weight: liger_fused.apply(hidden, weight, target)[0]),
+        ),
+        Case(
+            "cross_entropy",
+            {"logits": logits},
+            lambda logits: cross_entropy(logits, target),
+            liger=liger_ce and (lambda logits: liger_ce.apply(logits, target, None)[0]),
+        ),
+    ]
+
+
 def all_cases(device, dtype, *, small: bool = False) -> list[Case]:
     """Every op's case; ``small`` shrinks them to a smoke test's size."""
     if small:
@@ -227,12 +253,14 @@ def all_cases(device, dtype, *, small: bool = False) -> list[Case]:
             + attention_cases(device, dtype, 16, 2, 4, 64)
             + moe_cases(device, dtype, 8, 64, 8, 2)
             + paged_cases(device, dtype, 2, 40, 8, 4, 2, 64)
+            + cross_entropy_cases(device, dtype, 8, 64, 123)
         )
     return (
         elementwise_cases(device, dtype, 8192, 4096)
         + attention_cases(device, dtype, 2048, 2, 32, 128)
         + moe_cases(device, dtype, 8192, 4096, 64, 8)
         + paged_cases(device, dtype, 64, 2048, 256, 32, 8, 128)
+        + cross_entropy_cases(device, dtype, 8192, 4096, 128256)
     )
 
 
