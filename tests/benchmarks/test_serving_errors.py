@@ -54,4 +54,6 @@ def test_a_model_too_short_for_the_requests_is_refused_before_any_server(tmp_pat
 def test_a_server_that_exits_while_starting_is_named_with_its_output(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**SHORT, "max_position_embeddings": 512}))
     with pytest.raises(SystemExit, match=r"mcore-serve exited with code 1 while starting"):
-        serving.main(["--model-dir", str(tmp_path), "--no-vllm", "--num-prompts", "1"])
+        serving.main(
+            ["--model-dir", str(tmp_path), "--no-vllm", "--num-prompts", "1", "--log-dir", str(tmp_path)]
+        )

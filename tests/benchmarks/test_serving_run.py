@@ -37,8 +37,9 @@ def model_dir(tmp_path_factory):
     return directory
 
 
-def _run(model_dir: Path, *options: str, timeout: float) -> dict:
+def _run(model_dir: Path, log_dir: Path, *options: str, timeout: float) -> dict:
     command = [sys.executable, str(BENCHMARKS / "serving.py"), "--model-dir", str(model_dir)]
+    command += ["--log-dir", str(log_dir)]
     command += ["--num-prompts", str(PROMPTS), "--seed", str(SEED), *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -59,8 +60,8 @@ def _check_figures(figures: dict, most_in_flight: int) -> None:
 
 
 @pytest.mark.timeout(600)  # a loaded 2-core machine takes a minute or more to start mcore-serve
-def test_mcore_serve_alone_with_bounded_concurrency(model_dir):
-    results = _run(model_dir, "--no-vllm", "--max-concurrency", "1", timeout=560)
+def test_mcore_serve_alone_with_bounded_concurrency(model_dir, tmp_path):
+    results = _run(model_dir, tmp_path, "--no-vllm", "--max-concurrency", "1", timeout=560)
     assert results["model"] == TINY and results["max_concurrency"] == 1
     _check_figures(results["mcore"], most_in_flight=1)
     assert results["vllm"] is None and results["mcore_over_vllm"] is None
@@ -68,10 +69,11 @@ def test_mcore_serve_alone_with_bounded_concurrency(model_dir):
 
 
 @pytest.mark.timeout(1500)
-def test_mcore_serve_and_vllm_serve_side_by_side(model_dir):
+def test_mcore_serve_and_vllm_serve_side_by_side(model_dir, tmp_path):
     if find_vllm_python(None) is None:
         pytest.skip(f"vLLM's CPU venv is absent (the peer runs from it): {SETUP_HINT}")
-    results = _run(model_dir, timeout=1400)
+    results = _run(model_dir, tmp_path, timeout=1400)
+    assert (tmp_path / "vllm-serve.log").stat().st_size > 0
     _check_figures(results["mcore"], most_in_flight=PROMPTS)
     _check_figures(results["vllm"], most_in_flight=PROMPTS)
     ratios = results["mcore_over_vllm"]
