@@ -194,15 +194,15 @@ def run(args: argparse.Namespace, vllm_python: str | None, threads: int) -> tupl
     """The model's config, then mcore-serve's figures and vLLM's (``None`` without its python)."""
     from mcore_parallel import find_free_port
 
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mcore-serving-bench-logs-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"server logs go to {log_dir}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir or Path(tmp) / "model"
         config = model_config(model_dir)
         max_model_len = served_length(config)
         requests = workload(args.num_prompts, args.seed, config["vocab_size"])
         check_fits(requests, max_model_len)
+        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mcore-serving-bench-logs-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        print(f"server logs go to {log_dir}", file=sys.stderr, flush=True)
         port = find_free_port()
         command = mcore_serve_command(model_dir, port, max_model_len)
         mcore = benchmark_server(command, port, args, requests, log_dir)
