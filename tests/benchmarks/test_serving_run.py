@@ -1,0 +1,82 @@
+"""``benchmarks/serving.py`` run end to end on a tiny random Llama: mcore-serve alone, and with
+``vllm serve`` too where vLLM's CPU venv exists. Oracle: the requests the script's seeded workload
+asks for (their count, prompt and output tokens), and the figures' own definitions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from llama_workload import SETUP_HINT, find_vllm_python, save_model, workload
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+pytestmark = pytest.mark.slow  # each server imports torch (vLLM also compiles) and serves the load
+
+# head_dim 64: vLLM's CPU attention takes only its usual head sizes
+TINY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    max_position_embeddings=512,
+)
+SEED, PROMPTS = 1, 2  # outputs of 37 and 44 tokens
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("serving") / "tiny-llama"
+    save_model(directory, TINY)
+    return directory
+
+
+def _run(model_dir: Path, log_dir: Path, *options: str, timeout: float) -> dict:
+    command = [sys.executable, str(BENCHMARKS / "serving.py"), "--model-dir", str(model_dir)]
+    command += ["--log-dir", str(log_dir)]
+    command += ["--num-prompts", str(PROMPTS), "--seed", str(SEED), *options]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check_figures(figures: dict, most_in_flight: int) -> None:
+    requests = workload(PROMPTS, SEED, TINY["vocab_size"])
+    assert (figures["completed"], figures["failed"]) == (PROMPTS, 0)
+    assert figures["output_tokens"] == sum(n for _, n in requests)  # ignore_eos: exactly max_tokens
+    assert figures["prompt_tokens"] == sum(len(p) for p, _ in requests)
+    assert figures["request_throughput"] == pytest.approx(PROMPTS / figures["duration_s"])
+    assert figures["output_throughput"] == pytest.approx(figures["output_tokens"] / figures["duration_s"])
+    assert figures["max_in_flight"] == most_in_flight
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        assert 0 < figures[f"median_{name}_ms"] <= figures[f"p99_{name}_ms"]
+    assert figures["median_ttft_ms"] < figures["median_e2el_ms"] <= 1e3 * figures["duration_s"]
+
+
+@pytest.mark.timeout(600)  # a loaded 2-core machine takes a minute or more to start mcore-serve
+def test_mcore_serve_alone_with_bounded_concurrency(model_dir, tmp_path):
+    results = _run(model_dir, tmp_path, "--no-vllm", "--max-concurrency", "1", timeout=560)
+    assert results["model"] == TINY and results["max_concurrency"] == 1
+    _check_figures(results["mcore"], most_in_flight=1)
+    assert results["vllm"] is None and results["mcore_over_vllm"] is None
+    assert results["vllm_skipped"] == "--no-vllm"
+
+
+@pytest.mark.timeout(1500)
+def test_mcore_serve_and_vllm_serve_side_by_side(model_dir, tmp_path):
+    if find_vllm_python(None) is None:
+        pytest.skip(f"vLLM's CPU venv is absent (the peer runs from it): {SETUP_HINT}")
+    results = _run(model_dir, tmp_path, timeout=1400)
+    assert (tmp_path / "vllm-serve.log").stat().st_size > 0
+    _check_figures(results["mcore"], most_in_flight=PROMPTS)
+    _check_figures(results["vllm"], most_in_flight=PROMPTS)
+    ratios = results["mcore_over_vllm"]
+    for key in ("request_throughput", "output_throughput", "median_ttft_ms", "p99_itl_ms"):
+        assert ratios[key] == pytest.approx(results["mcore"][key] / results["vllm"][key])
+    assert results["vllm"]["settings"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
