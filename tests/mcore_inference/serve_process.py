@@ -87,7 +87,7 @@ def _popen_serve(args: list[str], cwd: Path, port: int) -> subprocess.Popen:
     )
 
 
-def serve_tiny_model(directory: Path, timeout: float = 300) -> tuple[subprocess.Popen, str]:
+def serve_tiny_model(directory: Path, timeout: float = 420) -> tuple[subprocess.Popen, str]:
     """``mcore-serve`` with 2 engine processes (warnings only in its log) serving a tiny model
     written to ``directory/tiny-llama``, once healthy; ``(process, base URL)``."""
     model_dir = write_tiny_hf_model(directory / "tiny-llama")
