@@ -1,6 +1,6 @@
-"""``mcore-serve`` under load, as a subprocess over loopback: 64 concurrent streaming clients of the
-unmodified ``openai`` client send 400 greedy completions (mixed prompt lengths and ``max_tokens``)
-to 2 data-parallel engines. Every request is answered exactly once, and every stream's text equals
+"""``mcore-serve`` under load, as a subprocess over loopback: 64 concurrent streaming clients (tasks
+sharing one unmodified ``openai.AsyncOpenAI``, a connection each) send 400 greedy completions (mixed
+prompt lengths and ``max_tokens``) to 2 data-parallel engines. Every request is answered exactly once, and every stream's text equals
 the non-streamed answer to the same request (the character tokenizer maps one token to one
 character, so equal text is an equal token sequence: none lost, none duplicated)."""
 
