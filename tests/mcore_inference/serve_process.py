@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+from mcore_parallel import find_free_port
 from server_stack import write_char_tokenizer
 
 MCORE_SERVE = Path(sys.executable).with_name("mcore-serve")
@@ -48,14 +49,7 @@ def run_serve(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.Co
 
 def start_serve(args: list[str], cwd: Path, port: int, timeout: float = 180) -> subprocess.Popen:
     """Start ``mcore-serve ARGS --port PORT`` and wait until its ``/health`` answers 200."""
-    process = subprocess.Popen(
-        [str(MCORE_SERVE), *args, "--port", str(port)],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(),
-    )
+    process = _popen_serve(args, cwd, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
@@ -71,14 +65,7 @@ def start_serve(args: list[str], cwd: Path, port: int, timeout: float = 180) -> 
 def start_serve_until(args: list[str], cwd: Path, port: int, line: str, timeout: float = 120):
     """Start ``mcore-serve ARGS --port PORT`` and read its output until a line containing
     ``line``; ``(process, lines so far)``."""
-    process = subprocess.Popen(
-        [str(MCORE_SERVE), *args, "--port", str(port)],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(),
-    )
+    process = _popen_serve(args, cwd, port)
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
         lines.append(process.stdout.readline())
@@ -88,11 +75,42 @@ def start_serve_until(args: list[str], cwd: Path, port: int, line: str, timeout:
     raise RuntimeError(f"mcore-serve did not print {line!r}:\n{''.join(lines)}")
 
 
+def _popen_serve(args: list[str], cwd: Path, port: int) -> subprocess.Popen:
+    """``mcore-serve ARGS --port PORT`` started in ``cwd``, its output (with stderr) in ``stdout``."""
+    return subprocess.Popen(
+        [str(MCORE_SERVE), *args, "--port", str(port)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
+
+
+def serve_tiny_model(directory: Path, timeout: float = 420) -> tuple[subprocess.Popen, str]:
+    """``mcore-serve`` with 2 engine processes (warnings only in its log) serving a tiny model
+    written to ``directory/tiny-llama``, once healthy; ``(process, base URL)``."""
+    model_dir = write_tiny_hf_model(directory / "tiny-llama")
+    port = find_free_port()
+    args = [str(model_dir), "--data-parallel-size", "2", "--kv-cache-memory", str(KV_CACHE_BYTES)]
+    process = start_serve([*args, "--log-level", "warning"], directory, port, timeout)
+    return process, f"http://127.0.0.1:{port}"
+
+
 def stop_serve(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
     """SIGTERM ``process``; its exit status and output (``TimeoutExpired`` past ``timeout``)."""
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=timeout)
     return process.returncode, output
+
+
+def engine_pids(process: subprocess.Popen) -> list[int]:
+    """The process ids of ``mcore-serve``'s engine processes: its children that multiprocessing
+    spawned (read from ``/proc``; the resource tracker is left out)."""
+    pids = []
+    for task in Path(f"/proc/{process.pid}/task").iterdir():
+        pids += [int(pid) for pid in (task / "children").read_text().split()]
+    return sorted(pid for pid in pids if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes())
 
 
 def _env() -> dict[str, str]:

@@ -31,6 +31,21 @@ def write_char_tokenizer(model_dir: Path) -> None:
     Tokenizer(backend).save(model_dir / "tokenizer.json")
 
 
+def serve_in_thread(app, graceful_timeout: float = 30.0):
+    """``(url, server, thread)``: ``build_server(app)`` on a free port, running in a daemon
+    thread, once started (stop it with ``server.should_exit = True``)."""
+    port = find_free_port()
+    server = build_server(app, port=port, graceful_timeout=graceful_timeout, log_level="warning")
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
 class Stack:
     """The coordinator and engines of a test module, and the servers started on them."""
 
@@ -50,17 +65,9 @@ class Stack:
         client = InferenceClient(address or self.coordinator.address, timeout=kwargs.pop("timeout", 60.0))
         options = {"model_name": MODEL, "max_model_len": MAX_MODEL_LEN, "api_key": API_KEY, **kwargs}
         app = build_app(client, self.tokenizer, **options)
-        port = find_free_port()
-        server = build_server(app, port=port, graceful_timeout=graceful_timeout, log_level="warning")
-        thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
+        url, server, thread = serve_in_thread(app, graceful_timeout)
         self._servers.append((server, thread))
-        return f"http://127.0.0.1:{port}", server, thread
+        return url, server, thread
 
     def status(self):
         """The coordinator's status, asked from a client of its own."""

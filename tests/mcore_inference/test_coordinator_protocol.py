@@ -283,6 +283,41 @@ def test_a_silent_engine_is_lost_and_its_requests_resubmitted(coordinator):
     silent.close()
 
 
+def test_a_request_waits_for_an_engine_at_most_max_queue_wait():
+    """With no engine, a request fails once it has waited ``max_queue_wait``; one that an engine
+    connects for in time is served."""
+    with pytest.raises(ValueError, match="max_queue_wait must be >= 0"):
+        InferenceCoordinator(max_queue_wait=-1.0)
+    with InferenceCoordinator(max_queue_wait=0.3) as coordinator:
+
+        async def body():
+            client = InferenceClient(coordinator.address, timeout=TIMEOUT)
+            started = time.monotonic()
+            failed = await client.generate([1, 2], SamplingParams(temperature=0))
+            return failed, time.monotonic() - started
+
+        failed, waited = run(body())
+    assert (failed.status, failed.engine) == ("failed", None)
+    assert failed.error == "CoordinatorError: no live engine took the request within 0.3 s"
+    assert 0.3 <= waited < 3.0
+    with InferenceCoordinator(max_queue_wait=TIMEOUT) as coordinator:
+
+        async def served():
+            client = InferenceClient(coordinator.address, timeout=TIMEOUT)
+            result = asyncio.ensure_future(client.generate([1, 2], SamplingParams(temperature=0)))
+            engine = await asyncio.to_thread(connect_engine, coordinator.address, "late")
+            kind, fields = await asyncio.to_thread(receive, engine)
+            assert kind is MessageKind.SUBMIT and fields["prompt_tokens"] == [1, 2]
+            reply = {"request_id": fields["request_id"], "status": "completed", "generated_tokens": [3]}
+            engine.send(encode(MessageKind.REPLY, request_id=fields["request_id"], result=reply))
+            done = await result
+            engine.close()
+            return done
+
+        done = run(served())
+    assert (done.status, done.generated_tokens, done.engine) == ("completed", [3], "late")
+
+
 def test_the_client_works_across_event_loops_and_refuses_bad_prompts(coordinator):
     client = InferenceClient(coordinator.address, timeout=TIMEOUT)
     for _ in range(2):  # each asyncio.run is a new loop: the client reconnects

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 from mcore_inference.server import ChatTemplate
-from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
+from metrics_scrape import scrape
 from server_stack import API_KEY, MAX_MODEL_LEN, MODEL, Stack, write_char_tokenizer
 
 pytestmark = pytest.mark.slow  # the engine processes take seconds to start (torch's import)
@@ -390,16 +390,6 @@ def test_models_and_tokenize(stack, api):
     assert back == {"prompt": "Hi there"}
     assert_error(post(stack.url, "/detokenize", {"tokens": [1, 500]}), 400, "tokens")
     assert_error(post(stack.url, "/tokenize", {}), 400, "prompt")
-
-
-def scrape(url):
-    """``{(sample name, sorted labels): value}`` of ``/metrics``, parsed by prometheus_client."""
-    body = httpx.get(f"{url}/metrics", timeout=30).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(body)
-        for sample in family.samples
-    }
 
 
 def test_metrics_count_what_was_sent(stack, api):

@@ -60,6 +60,7 @@ class _Request:
     engine: bytes | None = None
     tokens_streamed: int = 0
     resubmissions: int = 0
+    queued_at: float = 0.0  # when it last began to wait for an engine
 
 
 @dataclass
@@ -86,7 +87,8 @@ class InferenceCoordinator:
     seconds of ``EngineEndpoint``): its unfinished requests that had streamed no token yet are
     re-submitted to a live engine (at most ``max_resubmissions`` times each), the others fail
     with an ``EngineLostError`` message, and serving goes on. Requests that arrive while no engine
-    is connected wait for one. A malformed frame is logged and answered with an ``ERROR``.
+    is connected wait for one (``max_queue_wait`` seconds at most, if given: then they fail with a
+    ``CoordinatorError`` message). A malformed frame is logged and answered with an ``ERROR``.
     """
 
     def __init__(
@@ -98,14 +100,18 @@ class InferenceCoordinator:
         prefix_block_size: int = 16,
         heartbeat_timeout: float = 5.0,
         max_resubmissions: int = 1,
+        max_queue_wait: float | None = None,
     ):
         if not (heartbeat_timeout > 0):
             raise ValueError(f"heartbeat_timeout must be > 0 seconds, got {heartbeat_timeout!r}")
+        if max_queue_wait is not None and not (max_queue_wait >= 0):
+            raise ValueError(f"max_queue_wait must be >= 0 seconds or None, got {max_queue_wait!r}")
         self.host = host
         self.port = port
         self.router = Router(routing, prefix_block_size)
         self.heartbeat_timeout = heartbeat_timeout
         self.max_resubmissions = max_resubmissions
+        self.max_queue_wait = max_queue_wait
         self.state = ServingState.RUNNING
         self._engines: dict[bytes, _Engine] = {}
         self._live: tuple[str, ...] = ()  # the engines' names, for other threads to read
@@ -207,6 +213,7 @@ class InferenceCoordinator:
                             break
                         self._receive(frames)
                 self._check_liveness()
+                self._expire_queue()
         except Exception:
             _logger.exception("the coordinator's serving thread failed")
             raise
@@ -348,6 +355,7 @@ class InferenceCoordinator:
         )
         self._requests[request.request_id] = request
         self._by_client[(client, client_id)] = request.request_id
+        request.queued_at = time.monotonic()
         self._queue.append(request.request_id)
         self._dispatch_queue()
 
@@ -483,6 +491,23 @@ class InferenceCoordinator:
             if now - engine.last_seen > self.heartbeat_timeout:
                 self._lose_engine(identity, f"no heartbeat for {self.heartbeat_timeout} s")
 
+    def _expire_queue(self) -> None:
+        """Fail the requests that have waited for an engine longer than ``max_queue_wait``."""
+        if self.max_queue_wait is None or not self._queue:
+            return
+        now = time.monotonic()
+        for request_id in list(self._queue):
+            request = self._requests.get(request_id)
+            if request is not None and now - request.queued_at <= self.max_queue_wait:
+                continue
+            self._queue.remove(request_id)
+            if request is not None:  # else aborted while it waited: already answered
+                self._forget(request)
+                message = f"no live engine took the request within {self.max_queue_wait} s"
+                self._reply_failed(
+                    request.client, request.client_request_id, f"{CoordinatorError.__name__}: {message}"
+                )
+
     def _lose_engine(self, identity: bytes, why: str) -> None:
         engine = self._engines.pop(identity)
         self.router.remove_engine(identity)
@@ -493,6 +518,7 @@ class InferenceCoordinator:
             request.engine = None
             if request.tokens_streamed == 0 and request.resubmissions < self.max_resubmissions:
                 request.resubmissions += 1
+                request.queued_at = time.monotonic()
                 self._queue.appendleft(request_id)
                 continue
             self._forget(request)

@@ -39,6 +39,10 @@ DESCRIPTION = (
     "`mcore-train` writes."
 )
 
+_NO_ENGINE_WAIT_SECONDS = 10.0
+"""Seconds a request waits for an engine while none is live (every one was lost; a stalled one may
+come back) before it fails with a 503, rather than waiting for ever."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser: MODEL_DIR and an option per field of the two configs."""
@@ -170,7 +174,7 @@ def _load_start_and_serve(
     """Load the checkpoint, start the coordinator and the engines, serve on ``listener`` until a
     signal, then shut the engines and the coordinator down."""
     front = load_front_end_model(resolve_model_dir(model_dir), engine.dtype, serve.max_model_len)
-    coordinator = InferenceCoordinator()
+    coordinator = InferenceCoordinator(max_queue_wait=_NO_ENGINE_WAIT_SECONDS)
     coordinator.start()
     processes: list[BaseProcess] = []
     try:

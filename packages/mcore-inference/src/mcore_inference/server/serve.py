@@ -17,6 +17,11 @@ _CANCEL_AFTER_SECONDS = 1.0
 """How long uvicorn waits for connections once draining is over, before it cancels their tasks
 (which aborts their engine requests)."""
 
+_KEEP_ALIVE_SECONDS = 65.0
+"""How long an idle keep-alive connection stays open. Longer than clients keep idle connections
+(the ``openai`` client and httpx: 5 s), so the client always closes first: a server that closes
+as the client reuses the connection makes that request fail (uvicorn's default is 5 s)."""
+
 
 class DrainingServer(uvicorn.Server):
     """A uvicorn server for an app of ``build_app`` whose first SIGTERM (or SIGINT) drains: new
@@ -84,6 +89,7 @@ def build_server(
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=_CANCEL_AFTER_SECONDS,
+        timeout_keep_alive=_KEEP_ALIVE_SECONDS,
     )
     return DrainingServer(config, graceful_timeout)
 
