@@ -36,9 +36,9 @@ from .startup import (
 
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions) with "
-    "data-parallel engines, each of one or more tensor-parallel processes. MODEL_DIR: an mcore-train checkpoint (save directory or an "
-    f"iter_NNNNNNN directory) or a Hugging Face model directory; default ./{DEFAULT_MODEL_DIR}, where "
-    "`mcore-train` writes."
+    "data-parallel engines, each of one or more tensor-parallel processes. MODEL_DIR: an mcore-train "
+    "checkpoint (save directory or an iter_NNNNNNN directory) or a Hugging Face model directory; "
+    f"default ./{DEFAULT_MODEL_DIR}, where `mcore-train` writes."
 )
 
 

@@ -101,11 +101,11 @@ def run_engine(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     engine, control = _build_engine(model_dir, where, config, max_model_len)
+    served = engine if control is None or where.rank > 0 else TensorParallelLeader(engine, control)
     try:
         if where.rank > 0:
             follow_leader(engine, control)
             return
-        served = engine if control is None else TensorParallelLeader(engine, control)
         EngineEndpoint(served, address, name=where.name, coordinator_timeout=COORDINATOR_TIMEOUT).run()
     except TimeoutError:
         print(f"mcore-serve: {where.name} heard nothing from the coordinator: exiting", flush=True)
