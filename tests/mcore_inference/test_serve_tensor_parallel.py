@@ -48,8 +48,12 @@ def expected(model_dir):
     return [text for _, text in results]
 
 
-def _serve_args(model_dir):
-    return [str(model_dir), "--tensor-parallel-size", "2", "--kv-cache-memory", str(KV_CACHE_BYTES)]
+def _serve_args(model_dir, dp=1):
+    return [
+        str(model_dir),
+        *("--tensor-parallel-size", "2", "--data-parallel-size", str(dp)),
+        *("--kv-cache-memory", str(KV_CACHE_BYTES)),
+    ]
 
 
 def _greedy(client, prompt, **options):
@@ -63,15 +67,17 @@ def _greedy(client, prompt, **options):
     )
 
 
-def test_a_tensor_parallel_engine_completes_and_streams_like_one_process(model_dir, expected, tmp_path):
+@pytest.mark.parametrize("dp", [1, 2], ids=["tp2", "dp2-tp2"])
+def test_tensor_parallel_engines_complete_and_stream_like_one_process(model_dir, expected, tmp_path, dp):
     port = find_free_port()
-    process = start_serve(_serve_args(model_dir), tmp_path, port)
+    process = start_serve(_serve_args(model_dir, dp), tmp_path, port)
     try:
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60
         )
-        completion = _greedy(client, PROMPTS)  # two prompts: one batch over both ranks
-        assert [c.text for c in sorted(completion.choices, key=lambda c: c.index)] == expected
+        for _ in range(dp):  # round robin: every engine answers, and answers the same
+            completion = _greedy(client, PROMPTS)  # two prompts: one batch over the engine's ranks
+            assert [c.text for c in sorted(completion.choices, key=lambda c: c.index)] == expected
         chunks = [
             chunk.choices[0].text for chunk in _greedy(client, PROMPTS[1], stream=True) if chunk.choices
         ]
@@ -79,7 +85,7 @@ def test_a_tensor_parallel_engine_completes_and_streams_like_one_process(model_d
     finally:
         returncode, output = stop_serve(process)
     assert returncode == 0, output
-    assert "engines ready 1/1" in output and "tensor-parallel size 2" in output
+    assert f"engines ready {dp}/{dp}" in output and "tensor-parallel size 2" in output
     assert "mcore-serve: stopped" in output
 
 
