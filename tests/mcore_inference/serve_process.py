@@ -40,6 +40,21 @@ def write_tiny_hf_model(directory: Path) -> Path:
     return directory
 
 
+def in_process_greedy(
+    model_dir: Path, prompts: list[list[int]], max_tokens: int
+) -> list[tuple[list[int], str]]:
+    """The oracle: ``(tokens, text)`` per prompt of the checkpoint's in-process engine (TP = 1),
+    greedy, ``max_tokens`` each, end-of-sequence ignored (run it in a fresh process)."""
+    from mcore_inference import DynamicInferenceEngine, SamplingParams
+    from mcore_models import load_checkpoint_for_inference
+
+    loaded = load_checkpoint_for_inference(model_dir)
+    engine = DynamicInferenceEngine(loaded.model, tokenizer=loaded.tokenizer, kv_cache_memory=KV_CACHE_BYTES)
+    params = SamplingParams(temperature=0.0, num_tokens_to_generate=max_tokens, ignore_eos=True)
+    requests = engine.generate(prompts, params)
+    return [(list(r.generated_tokens), loaded.tokenizer.decode(list(r.generated_tokens))) for r in requests]
+
+
 def run_serve(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``mcore-serve ARGS`` in ``cwd`` to its end (for the ways it refuses to start)."""
     return subprocess.run(

@@ -16,6 +16,7 @@ from mcore_parallel import find_free_port
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_process import (
     KV_CACHE_BYTES,
+    in_process_greedy,
     run_serve,
     start_serve,
     start_serve_until,
@@ -34,20 +35,9 @@ def model_dir(tmp_path_factory):
     return write_tiny_hf_model(tmp_path_factory.mktemp("serve") / "tiny-llama")
 
 
-def _in_process_greedy(model_dir, prompt, max_tokens):
-    from mcore_inference import DynamicInferenceEngine, SamplingParams
-    from mcore_models import load_checkpoint_for_inference
-
-    loaded = load_checkpoint_for_inference(model_dir)
-    engine = DynamicInferenceEngine(loaded.model, tokenizer=loaded.tokenizer, kv_cache_memory=KV_CACHE_BYTES)
-    params = SamplingParams(temperature=0.0, num_tokens_to_generate=max_tokens, ignore_eos=True)
-    (request,) = engine.generate([prompt], params)
-    return list(request.generated_tokens), loaded.tokenizer.decode(list(request.generated_tokens))
-
-
 def test_two_engines_serve_the_openai_client_and_sigterm_stops_them(model_dir, run_distributed, tmp_path):
-    ((tokens, text),) = run_distributed(
-        _in_process_greedy, 1, model_dir, PROMPT, MAX_TOKENS, init_process_group=False
+    (((tokens, text),),) = run_distributed(
+        in_process_greedy, 1, model_dir, [PROMPT], MAX_TOKENS, init_process_group=False
     )
     assert 0 not in tokens  # the text comparison below covers every token
     port = find_free_port()
@@ -143,7 +133,6 @@ def test_a_max_model_len_beyond_the_models_positions_is_refused(model_dir, tmp_p
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--tensor-parallel-size", "2"], "tensor_parallel_size: only 1 is supported"),
         (["--port", "70000"], "port: must be in 1..65535"),
         (["--data-parallel-size", "0"], "data_parallel_size: must be >= 1"),
         (["--dtype", "int8"], "invalid choice: 'int8'"),

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from .errors import InvalidRequestError, ProtocolError
+from .errors import EngineGroupError, InvalidRequestError, ProtocolError
 from .protocol import CONTROL_ACKS, PROTOCOL_VERSION, MessageKind, decode, encode, sampling_params_from_dict
 from .request import Request, RequestOutput
 from .serving_state import ServingState
@@ -44,8 +44,9 @@ class EngineEndpoint:
     serves it from one thread: ``run()`` takes requests and control signals from the socket,
     steps the engine while it is running and has work, sends a ``PARTIAL_REPLY`` per generated
     token of a streamed request and one ``REPLY`` (the ``Request.to_dict()``) when a request
-    ends (a streamed token's log-probabilities go with it when the request asks for them), and a heartbeat (with the engine's ``cache_stats()``) every ``heartbeat_interval`` seconds (keep it well below the
-    coordinator's ``heartbeat_timeout``, and a step well below both).
+    ends (a streamed token's log-probabilities go with it when the request asks for them), and a
+    heartbeat (with the engine's ``cache_stats()``) every ``heartbeat_interval`` seconds (keep it
+    well below the coordinator's ``heartbeat_timeout``, and a step well below both).
 
     Control signals: ``pause`` stops stepping (requests are kept, new ones queue), ``unpause``
     steps again, ``suspend`` frees the KV cache (``engine.suspend()``), ``resume`` reallocates it
@@ -54,7 +55,9 @@ class EngineEndpoint:
     without an ack. If the coordinator at ``address`` restarts, the endpoint connects to the new
     one (aborting what the old one had sent). ``coordinator_timeout`` (seconds, ``None`` = wait
     forever) ends ``run()`` with ``TimeoutError`` when nothing comes from the coordinator for
-    that long. ``close()`` (any thread) ends ``run()`` too."""
+    that long. ``close()`` (any thread) ends ``run()`` too. An ``EngineGroupError`` from the
+    engine (a rank of a tensor-parallel engine is gone) ends ``run()`` with it: the engine
+    cannot serve any more."""
 
     def __init__(
         self,
@@ -102,12 +105,16 @@ class EngineEndpoint:
                             break
                         try:
                             self._receive(frame)
+                        except EngineGroupError:
+                            raise
                         except Exception:  # e.g. an engine that refuses: log it, keep serving
                             _logger.exception("handling a message from the coordinator failed")
                 if not self._closed.is_set() and self.state is ServingState.RUNNING:
                     if self.engine.has_unfinished_requests():
                         try:
                             self.engine.step()
+                        except EngineGroupError:
+                            raise
                         except Exception:  # the engine failed that step's requests; serve the rest
                             _logger.exception("engine step raised; its requests failed, serving goes on")
                 now = time.monotonic()

@@ -39,6 +39,11 @@ class EngineShutdownError(InferenceError):
     """The engine was shut down; it takes no more requests."""
 
 
+class EngineGroupError(InferenceError):
+    """A rank of a tensor-parallel engine is gone (or its control channel failed): the engine
+    cannot step any more, and its process should exit so the coordinator counts it lost."""
+
+
 class PipelineStageError(InferenceError):
     """Another pipeline stage's forward raised a non-transient error in this step (that stage
     raises the error itself)."""

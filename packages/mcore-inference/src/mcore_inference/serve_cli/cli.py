@@ -10,10 +10,12 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
+import torch.distributed
 from mcore_models import CheckpointFormatError
 from mcore_parallel import ConfigError, add_dataclass_arguments, dataclass_from_args
 
@@ -22,7 +24,7 @@ from ..coordinator import InferenceCoordinator
 from ..server import build_app, build_server, load_chat_template
 from ..server.tokenizer import TokenizerAdapter
 from .config import EngineProcessConfig, ServeConfig
-from .engine_process import start_engine_processes, stop_engine_processes
+from .engine_process import start_engine_processes, stop_engine_processes, watch_engine_groups
 from .errors import ServeStartupError
 from .startup import (
     DEFAULT_MODEL_DIR,
@@ -34,9 +36,9 @@ from .startup import (
 
 DESCRIPTION = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions) with "
-    "data-parallel engine processes. MODEL_DIR: an mcore-train checkpoint (save directory or an "
-    f"iter_NNNNNNN directory) or a Hugging Face model directory; default ./{DEFAULT_MODEL_DIR}, where "
-    "`mcore-train` writes."
+    "data-parallel engines, each of one or more tensor-parallel processes. MODEL_DIR: an mcore-train "
+    "checkpoint (save directory or an iter_NNNNNNN directory) or a Hugging Face model directory; "
+    f"default ./{DEFAULT_MODEL_DIR}, where `mcore-train` writes."
 )
 
 _NO_ENGINE_WAIT_SECONDS = 10.0
@@ -78,12 +80,12 @@ class _StartupSignals:
 
 
 def _wait_for_engines(
-    coordinator: InferenceCoordinator, processes: list[BaseProcess], timeout: float
+    coordinator: InferenceCoordinator, processes: list[BaseProcess], count: int, timeout: float
 ) -> None:
-    """Block until every engine process has connected, reporting each; ``ServeStartupError`` if
-    one exits first or ``timeout`` seconds pass."""
+    """Block until ``count`` engines have connected, reporting each; ``ServeStartupError`` if one
+    of their processes exits first or ``timeout`` seconds pass."""
     deadline, ready = time.monotonic() + timeout, 0
-    while ready < len(processes):
+    while ready < count:
         for process in processes:
             if process.exitcode is not None:
                 raise ServeStartupError(
@@ -91,11 +93,11 @@ def _wait_for_engines(
                 )
         if time.monotonic() > deadline:
             raise ServeStartupError(
-                f"{ready} of {len(processes)} engines ready after {timeout} s (--engine-startup-timeout)"
+                f"{ready} of {count} engines ready after {timeout} s (--engine-startup-timeout)"
             )
         if len(coordinator.engines) > ready:
             ready = len(coordinator.engines)
-            print(f"mcore-serve: engines ready {ready}/{len(processes)}", flush=True)
+            print(f"mcore-serve: engines ready {ready}/{count}", flush=True)
         time.sleep(0.05)
 
 
@@ -173,26 +175,43 @@ def _load_start_and_serve(
 ) -> None:
     """Load the checkpoint, start the coordinator and the engines, serve on ``listener`` until a
     signal, then shut the engines and the coordinator down."""
-    front = load_front_end_model(resolve_model_dir(model_dir), engine.dtype, serve.max_model_len)
+    tp = serve.tensor_parallel_size
+    front = load_front_end_model(resolve_model_dir(model_dir), engine.dtype, serve.max_model_len, tp)
     coordinator = InferenceCoordinator(max_queue_wait=_NO_ENGINE_WAIT_SECONDS)
     coordinator.start()
     processes: list[BaseProcess] = []
+    stopping = threading.Event()
+    # where the ranks of each tensor-parallel engine meet (a port the system picks, held till the end)
+    store = (
+        torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if tp > 1 else None
+    )
     try:
         count = serve.data_parallel_size
-        print(f"mcore-serve: starting {count} engine process{'es' if count > 1 else ''} ...", flush=True)
+        print(f"mcore-serve: starting {_engines_text(count, tp)} ...", flush=True)
         start_engine_processes(
             processes,
             front.directory,
             coordinator.address,
-            serve.data_parallel_size,
+            count,
+            tp,
             engine,
             front.max_model_len,
+            store_port=0 if store is None else store.port,
         )
-        _wait_for_engines(coordinator, processes, serve.engine_startup_timeout)
+        _wait_for_engines(coordinator, processes, count, serve.engine_startup_timeout)
+        watch_engine_groups(processes, tp, stopping)
         _serve_until_signal(front, serve, coordinator.address, signals, listener)
     finally:
         signals.serving = True  # a signal now must not interrupt the shutdown
+        stopping.set()
         _shut_down(coordinator, processes)
+
+
+def _engines_text(count: int, tp: int) -> str:
+    """``2 engine processes``, or at TP > 1 ``2 engines of 2 tensor-parallel processes``."""
+    if tp == 1:
+        return f"{count} engine process{'es' if count > 1 else ''}"
+    return f"{count} engine{'s' if count > 1 else ''} of {tp} tensor-parallel processes"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

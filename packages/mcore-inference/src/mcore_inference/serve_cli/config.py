@@ -15,11 +15,12 @@ class ServeConfig:
 
     host: str = config_field("127.0.0.1", help="Address to bind (loopback unless told otherwise).")
     port: int = config_field(8000, minimum=1, help="Port to listen on (1-65535).")
-    data_parallel_size: int = config_field(
-        1, minimum=1, help="Engine processes, each with a whole copy of the model."
-    )
+    data_parallel_size: int = config_field(1, minimum=1, help="Engines, each with a whole copy of the model.")
     tensor_parallel_size: int = config_field(
-        1, minimum=1, help="Ranks per engine that split each layer (only 1 is supported today)."
+        1,
+        minimum=1,
+        help="Processes per engine that split each layer (it must divide the attention heads, and the "
+        "KV heads or be a multiple of them).",
     )
     api_key: str | None = config_field(
         None, help="Require 'Authorization: Bearer KEY' on every route but /health and /metrics."
@@ -45,12 +46,6 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
             raise ConfigError(["port"], f"must be in 1..65535, got {self.port}")
-        if self.tensor_parallel_size != 1:
-            raise ConfigError(
-                ["tensor_parallel_size"],
-                f"only 1 is supported (each engine process holds the whole model), got "
-                f"{self.tensor_parallel_size}; use --data-parallel-size for more engines",
-            )
 
 
 @dataclass

@@ -1,14 +1,19 @@
 """What ``mcore-serve`` checks and loads before it starts anything: the model directory (or
-``mcore-train``'s default output), a free port, and the checkpoint's tokenizer and limits."""
+``mcore-train``'s default output), a free port, the checkpoint's tokenizer and limits, and that
+the tensor-parallel size splits its model."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcore_models import InferenceCheckpoint, hf_to_transformer_config
 from mcore_models.data import Tokenizer
+from mcore_parallel import ConfigError
 
 from .errors import ServeStartupError
 
@@ -56,15 +61,43 @@ class FrontEndModel:
     source: str
 
 
-def load_front_end_model(model_dir: Path, dtype: str, max_model_len: int | None) -> FrontEndModel:
-    """Load ``model_dir`` once here (so a bad directory fails before any engine starts) and keep
-    its tokenizer and length limit; ``max_model_len`` defaults to the model's maximum position."""
+def check_tensor_parallel_size(loaded: InferenceCheckpoint, tp: int) -> None:
+    """``ConfigError`` naming ``tensor_parallel_size`` when ``tp`` ranks cannot split the model of
+    ``loaded`` (the rules of ``load_checkpoint_for_inference``: ``tp`` divides the attention heads
+    and the KV heads, or, for a Hugging Face model, is a multiple of them; an mcore-train
+    checkpoint's vocabulary rows split evenly)."""
+    if tp == 1:
+        return
+    try:
+        if loaded.source == "huggingface":
+            hf_config = json.loads((loaded.directory / "config.json").read_text())
+            hf_to_transformer_config(hf_config, tensor_model_parallel_size=tp)
+        else:
+            rows = loaded.model.padded_vocab_size
+            if rows % tp:
+                raise ConfigError(["vocabulary"], f"{rows} embedding rows do not split evenly")
+            dataclasses.replace(
+                loaded.config, tensor_model_parallel_size=tp, make_vocab_size_divisible_by=rows // tp
+            )
+    except ConfigError as error:
+        raise ConfigError(
+            ["tensor_parallel_size"], f"{tp} ranks cannot split the model of {loaded.directory}: {error}"
+        ) from error
+
+
+def load_front_end_model(
+    model_dir: Path, dtype: str, max_model_len: int | None, tp: int = 1
+) -> FrontEndModel:
+    """Load ``model_dir`` once here (so a bad directory fails before any engine starts), check that
+    ``tp`` ranks split it, and keep its tokenizer and length limit; ``max_model_len`` defaults to
+    the model's maximum position."""
     import torch
     from mcore_models import load_checkpoint_for_inference
 
     print(f"mcore-serve: loading {model_dir} ...", flush=True)
     started = time.monotonic()
     loaded = load_checkpoint_for_inference(model_dir, dtype=getattr(torch, dtype))
+    check_tensor_parallel_size(loaded, tp)
     limit = loaded.model.max_sequence_length or loaded.config.max_position_embeddings
     if max_model_len is not None and max_model_len > limit:
         raise ServeStartupError(

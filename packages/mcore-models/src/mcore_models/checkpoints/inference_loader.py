@@ -1,5 +1,6 @@
-"""``load_checkpoint_for_inference``: a whole model (TP = 1, CPU, eval mode), its config and its
-tokenizer from an mcore-train checkpoint (saved at any layout) or a Hugging Face model directory."""
+"""``load_checkpoint_for_inference``: a model (whole, or split over a tensor-parallel group; CPU,
+eval mode), its config and its tokenizer from an mcore-train checkpoint (saved at any layout) or a
+Hugging Face model directory."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from mcore_parallel import ProcessGroupCollection, checkpoint_dir, latest_iteration
+from mcore_parallel import ConfigError, ProcessGroupCollection, checkpoint_dir, latest_iteration
 
 from ..config.transformer_config import TransformerConfig
 from ..data.tokenizer import Tokenizer
@@ -20,9 +21,8 @@ from .errors import CheckpointFormatError, TokenizerMissingError
 from .metadata import MODEL_CONFIG_FILE, TOKENIZER_FILE, read_model_config, read_tokenizer
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# what a one-rank model sets of the layout fields a training run saved
-_ONE_RANK = dict(
-    tensor_model_parallel_size=1,
+# what a served model sets of the layout fields a training run saved (besides its TP size)
+_SERVING_LAYOUT = dict(
     pipeline_model_parallel_size=1,
     virtual_pipeline_model_parallel_size=None,
     context_parallel_size=1,
@@ -57,10 +57,13 @@ def load_checkpoint_for_inference(
     checkpoint), one of its ``iter_NNNNNNN`` directories, or a Hugging Face model directory
     (``config.json``, ``*.safetensors``, ``tokenizer.json``).
 
-    The model is whole (tensor-parallel size 1, whatever layout saved it), on the CPU, in eval
-    mode, with parameters in ``dtype``; its logits cover exactly the vocabulary. Its process groups: ``pg_collection`` (a tensor-parallel
-    group of one rank), else a one-process world (gloo, no network), set up when no process group
-    exists.
+    The model is on the CPU, in eval mode, with parameters in ``dtype``; its logits cover exactly
+    the vocabulary (gathered over the tensor-parallel ranks). Its process groups: ``pg_collection``,
+    whose tensor-parallel group splits the model over its ranks (whatever layout saved it; call
+    this on every rank of that group), else a one-process world (gloo, no network), set up when no
+    process group exists, holding the model whole. At TP > 1 a Hugging Face checkpoint gets the
+    padded vocabulary and replicated KV heads of ``import_hf_checkpoint``; an mcore-train
+    checkpoint keeps its saved vocabulary rows, which the TP size must divide.
 
     Raises:
         CheckpointFormatError: ``path`` is neither kind of checkpoint.
@@ -68,8 +71,11 @@ def load_checkpoint_for_inference(
             older mcore-models saved it; the message says how to re-save or export it).
         TokenizerMissingError: no ``tokenizer.json`` beside the weights.
         CheckpointSchemaError: a checkpoint file of an unknown schema version.
-        ValueError: ``dtype`` is not a floating dtype a model runs in, or ``pg_collection``
-            splits tensors over more than one rank.
+        ConfigError: the tensor-parallel size does not split the model (attention heads, KV
+            heads, an mcore-train checkpoint's vocabulary rows), naming the fields; raised before
+            any weight is read.
+        ValueError: ``dtype`` is not a floating dtype a model runs in, or there is a process
+            group of several ranks and no ``pg_collection``.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {dtype}")
@@ -104,35 +110,47 @@ def _locate(path: Path) -> tuple[str, Path]:
     )
 
 
-def _one_rank_groups(pg_collection: ProcessGroupCollection | None) -> ProcessGroupCollection:
+def _groups(pg_collection: ProcessGroupCollection | None) -> ProcessGroupCollection:
     if pg_collection is not None:
-        if pg_collection.tp is not None and dist.get_world_size(pg_collection.tp) != 1:
-            raise ValueError(
-                "pg_collection: the model is loaded whole, its tensor-parallel group must have 1 rank, "
-                f"got {dist.get_world_size(pg_collection.tp)}"
-            )
         return pg_collection
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     if dist.get_world_size() != 1:
         raise ValueError(
-            "a process group of several ranks exists: pass pg_collection with a tensor-parallel group of "
-            "this rank alone"
+            "a process group of several ranks exists: pass pg_collection with the tensor-parallel group "
+            "to split the model over (a group of this rank alone for a whole model)"
         )
     return ProcessGroupCollection(tp=dist.new_group([0]))
 
 
-def _one_rank_config(fields: dict[str, Any], dtype: torch.dtype) -> TransformerConfig:
-    """The saved config at tensor-parallel size 1, in ``dtype``. The vocabulary keeps the padded
-    rows of the saved layout (``make_vocab_size_divisible_by`` times its TP size), so the
-    embedding and output layer have the saved shapes; padded ids are never predicted."""
+def _tp_size(pg_collection: ProcessGroupCollection | None) -> int:
+    tp = None if pg_collection is None else pg_collection.tp
+    return 1 if tp is None else dist.get_world_size(tp)
+
+
+def _serving_config(
+    fields: dict[str, Any], vocab_size: int, dtype: torch.dtype, tp: int
+) -> TransformerConfig:
+    """The saved config at tensor-parallel size ``tp``, in ``dtype``. The vocabulary keeps the
+    padded rows of the saved layout (``make_vocab_size_divisible_by`` times its TP size), so the
+    embedding and output layer have the saved global shapes; padded ids are never predicted."""
     names = {f.name for f in dataclasses.fields(TransformerConfig) if f.init}
     padding = fields["make_vocab_size_divisible_by"] * fields["tensor_model_parallel_size"]
+    rows = -(-vocab_size // padding) * padding
+    if rows % tp:
+        raise ConfigError(
+            ["tensor_model_parallel_size"],
+            f"the checkpoint's embedding has {rows} rows (its vocabulary padded as saved), which "
+            f"{tp} tensor-parallel ranks do not split evenly",
+        )
     return TransformerConfig(
         **{name: value for name, value in fields.items() if name in names}
-        | _ONE_RANK
+        | _SERVING_LAYOUT
         | dict(
-            fp16=dtype == torch.float16, bf16=dtype == torch.bfloat16, make_vocab_size_divisible_by=padding
+            tensor_model_parallel_size=tp,
+            fp16=dtype == torch.float16,
+            bf16=dtype == torch.bfloat16,
+            make_vocab_size_divisible_by=rows // tp,  # pads to exactly ``rows`` at this TP size
         )
     )
 
@@ -140,12 +158,12 @@ def _one_rank_config(fields: dict[str, Any], dtype: torch.dtype) -> TransformerC
 def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:
     import torch.distributed.checkpoint as dcp
 
-    from ..training.checkpointing import whole_model_state_dict
+    from ..training.checkpointing import inference_model_state_dict
 
     fields, vocab_size = read_model_config(directory)
     tokenizer = read_tokenizer(directory)
-    config = _one_rank_config(fields, dtype)
-    groups = _one_rank_groups(pg_collection)  # after every check: no process group for a refused load
+    config = _serving_config(fields, vocab_size, dtype, _tp_size(pg_collection))
+    groups = _groups(pg_collection)  # after every check: no process group for a refused load
     model = GPTModel(
         config,
         vocab_size,
@@ -154,7 +172,7 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
         pad_token_id=tokenizer.pad_id,
     )
     saved_keys = set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
-    state = whole_model_state_dict(model, saved_keys)
+    state, finish = inference_model_state_dict(model, saved_keys, groups.tp)
     missing = sorted(set(state) - saved_keys)
     if missing:
         raise CheckpointFormatError(
@@ -162,6 +180,7 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
             f"e.g. {missing[:3]} (routers' expert biases are in checkpoints of mcore-models after 0.1.8)"
         )
     dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
+    finish()
     return model, tokenizer
 
 
@@ -176,7 +195,7 @@ def _load_hf(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTMod
             "(transformers: tokenizer.save_pretrained(directory))"
         )
     precision = dict(fp16=dtype == torch.float16, bf16=dtype == torch.bfloat16)
-    model = import_hf_checkpoint(directory, pg_collection=_one_rank_groups(pg_collection), **precision)
+    model = import_hf_checkpoint(directory, pg_collection=_groups(pg_collection), **precision)
     backend = tokenizers.Tokenizer.from_file(str(directory / TOKENIZER_FILE))
     # the tokenizer's end-of-document and pad tokens are the model's (when it names them)
     eos = backend.id_to_token(model.eos_token_ids[0]) if model.eos_token_ids else None

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from mcore_api import experimental_api, internal_api
 from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
+from ..hf.sharding import shard_tensor
 from ..transformer.moe.expert_names import (
     expert_parallel_parameters,
     expert_tensor_parallel_parameters,
@@ -133,19 +134,39 @@ def training_state_dict(
     return state
 
 
-def whole_model_state_dict(model: torch.nn.Module, saved_keys: set[str]) -> dict[str, torch.Tensor]:
-    """The ``model.*`` entries of a checkpoint (whose keys are ``saved_keys``) for one unsharded
-    model (TP = EP = 1, every layer in it): views of its parameters, so loading a checkpoint saved
-    at any layout fills them, and its persistent buffers. A gated MLP's fc1 is read as its two
-    halves where the checkpoint has them apart (saved without ``--fsdp``), else whole."""
+def inference_model_state_dict(
+    model: torch.nn.Module, saved_keys: set[str], tp_group: dist.ProcessGroup | None = None
+) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
+    """The ``model.*`` entries of a checkpoint (whose keys are ``saved_keys``) for a model without
+    pipeline or expert parallelism (every layer in it), at the tensor-parallel size of ``tp_group``
+    (``None``: unsharded), and its persistent buffers: views of its parameters (TP shards described
+    by their global shape), so loading a checkpoint saved at any layout fills them.
+
+    A gated MLP's fc1 is read as its two halves where the checkpoint has them apart (saved without
+    ``--fsdp``), else whole: then, at TP > 1, into a full-size buffer whose shard ``finish()``
+    (to call after loading) copies into the parameter."""
     state: dict[str, torch.Tensor] = _persistent_buffers(model)
+    whole: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its full tensor)
+    tp = 1 if tp_group is None else dist.get_world_size(tp_group)
+    tp_group = tp_group if tp > 1 else None  # plain tensors for a whole model
     for name, param in model.named_parameters():
         key = f"model.{name}"
-        if f"{key}.gate" in saved_keys:
-            _add_sharded(state, key, param.detach(), param, tp_group=None)
-        else:
+        if f"{key}.gate" in saved_keys or not getattr(param, "gated_halves", False):
+            _add_sharded(state, key, param.detach(), param, tp_group)
+        elif tp == 1:
             state[key] = param.detach()
-    return state
+        else:
+            shape = list(param.shape)
+            shape[param.partition_dim] *= tp
+            whole.append((param, param.new_empty(shape)))
+            state[key] = whole[-1][1]
+
+    def finish() -> None:
+        with torch.no_grad():
+            for param, full in whole:
+                param.copy_(shard_tensor(param, full, dist.get_rank(tp_group), tp))
+
+    return state, finish
 
 
 @experimental_api
