@@ -1,4 +1,4 @@
-"""What ``benchmarks/kernels.py`` measures: per op of mcore-kernels, its inputs at a transformer's
+"""What ``benchmarks/kernel_benchmark.py`` measures: per op of mcore-kernels, its inputs at a transformer's
 sizes and the contenders that compute it: ``triton`` (mcore-kernels' kernel), ``eager`` (its
 PyTorch reference), ``compile`` (that reference under ``torch.compile``) and ``liger`` (Liger-Kernel's
 op, where it has one and is importable)."""

@@ -1,4 +1,4 @@
-"""``benchmarks/kernels.py``: without a GPU it says one is needed and exits 0; every op's case
+"""``benchmarks/kernel_benchmark.py``: without a GPU it says one is needed and exits 0; every op's case
 builds, and its eager contender (mcore-kernels' reference) runs forward and backward, at a small
 size on the CPU."""
 
@@ -16,14 +16,14 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 def benchmark_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import kernel_cases
-    import kernels
+    import kernel_benchmark as kernels
 
     return kernel_cases, kernels
 
 
 def test_without_a_gpu_it_says_so_and_exits_0():
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "kernels.py"), "--repeats", "1"],
+        [sys.executable, str(BENCHMARKS / "kernel_benchmark.py"), "--repeats", "1"],
         capture_output=True,
         text=True,
         timeout=300,

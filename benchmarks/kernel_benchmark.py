@@ -1,7 +1,7 @@
 """mcore-kernels against PyTorch eager, ``torch.compile`` and Liger-Kernel, op by op, on a GPU.
 
 For every op of mcore-kernels (norms, RoPE, MLP activations, the attention softmax, MoE routing and
-permutation, the paged KV-cache append and paged attention; ``kernel_cases``) at a transformer's
+permutation, the paged KV-cache append and paged attention, cross entropy; ``kernel_cases``) at a transformer's
 sizes in bfloat16, each contender runs on the same inputs: ``triton`` (mcore-kernels' Triton
 kernel), ``eager`` (its PyTorch reference), ``compile`` (that reference under ``torch.compile``,
 compiled during warm-up) and ``liger`` (Liger-Kernel's op where it has one and is installed:
@@ -10,9 +10,12 @@ compiled during warm-up) and ``liger`` (Liger-Kernel's op where it has one and i
 beyond the inputs, from CUDA events and the caching allocator's statistics. A contender that fails
 reports its error instead of figures.
 
-    uv run python benchmarks/kernels.py [--repeats 20] [--no-compile] [--ops rms_norm,swiglu]
+    uv run python benchmarks/kernel_benchmark.py [--repeats 20] [--no-compile] [--ops rms_norm,swiglu]
 
 Prints a table on stderr and one JSON line on stdout. Without a GPU it says so and exits 0.
+
+(Not ``kernels.py``: transformers probes for the Hugging Face ``kernels`` package by importing
+``kernels``, and a ``kernels.py`` here shadowed it for every benchmark run from this folder.)
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="", help="comma-separated op names to run (default: all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA GPU (kernel timings are taken on a GPU only); none here")
+        print("benchmarks/kernel_benchmark.py needs a CUDA GPU (kernel timings are taken on a GPU only); none here")
         return 0
     wanted = {name for name in args.ops.split(",") if name}
     cases = [case for case in all_cases("cuda", torch.bfloat16) if not wanted or case.name in wanted]
