@@ -15,8 +15,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 @pytest.fixture
 def benchmark_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import kernel_cases
     import kernel_benchmark as kernels
+    import kernel_cases
 
     return kernel_cases, kernels
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 import torch
+import torch.nn.functional as F
 
 from . import norm_reference
 from .dispatch import select_backend, select_forward_backend
@@ -107,7 +108,13 @@ def layer_norm(
     zero_centered_gamma: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(h - mean) * rsqrt(var + eps) * gamma + bias`` over the last dimension, with ``h``,
-    ``gamma`` and the return value as in ``rms_norm``. Differentiable."""
+    ``gamma`` and the return value as in ``rms_norm``. Differentiable.
+
+    On the reference backend a plain call (no residual, no zero-centred gamma, ``weight`` and
+    ``bias`` in ``x``'s dtype) is ``F.layer_norm``, so its values and gradients are torch's own."""
     _check("layer_norm", x, weight, bias, residual, eps)
     backend = select_backend("layer_norm", x)
+    plain = residual is None and not zero_centered_gamma
+    if backend == "reference" and plain and all(t.dtype == x.dtype for t in (weight, bias) if t is not None):
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, float(eps))
     return _NormFunction.apply(x, weight, bias, residual, float(eps), zero_centered_gamma, False, backend)

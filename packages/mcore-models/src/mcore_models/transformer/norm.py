@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from mcore_kernels import rms_norm
+from mcore_kernels import layer_norm, rms_norm
 
 from ..config.transformer_config import TransformerConfig
 
@@ -17,10 +17,18 @@ class RMSNorm(torch.nn.RMSNorm):
         return rms_norm(x, self.weight, eps)
 
 
+class LayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` over the last dim (with weight and bias), computed by mcore-kernels'
+    ``layer_norm`` (torch's own on the CPU; its Triton kernel on CUDA)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
 def build_norm(config: TransformerConfig, hidden_size: int, eps: float | None = None) -> torch.nn.Module:
     """``LayerNorm`` (weight and bias) or ``RMSNorm`` (weight) over the last ``hidden_size`` dims."""
     eps = config.layernorm_epsilon if eps is None else eps
     dtype = config.params_dtype
     if config.normalization == "RMSNorm":
         return RMSNorm(hidden_size, eps=eps, dtype=dtype)
-    return torch.nn.LayerNorm(hidden_size, eps=eps, dtype=dtype)
+    return LayerNorm(hidden_size, eps=eps, dtype=dtype)
