@@ -32,8 +32,10 @@ model's forward: scheduling, layout, sampling, bookkeeping); not with ``--cuda-g
 kernel, built at first use) or ``reference`` (the PyTorch path). When it was the native kernel,
 the engine runs the workload a second time with the PyTorch path
 (``mcore_torch_attention_tokens_per_s``), so both variants are measured in the same run. On the
-CPU it also runs once with ``pack_cpu_weights=False`` (``mcore_unpacked_weights_tokens_per_s``:
-``F.linear`` reordering each bfloat16 weight on every call instead of the engine's packed copies).
+CPU the model's linear weights are packed (``mcore_parallel.set_cpu_weight_packing``, what
+``mcore-serve`` does by default), and the engine also runs once without
+(``mcore_unpacked_weights_tokens_per_s``: ``F.linear`` reordering each bfloat16 weight on every
+call).
 
 TTFT is from a request's arrival (all arrive at once) to its first token; TPOT is (last token
 time - first token time) / (generated tokens - 1) per request, vLLM's definition. mcore's come
@@ -89,12 +91,13 @@ def run_mcore(
     from mcore_inference import DynamicInferenceEngine, SamplingParams
     from mcore_kernels import select_backend
     from mcore_models import import_hf_checkpoint
-    from mcore_parallel import ProcessGroupCollection
+    from mcore_parallel import ProcessGroupCollection, set_cpu_weight_packing
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     model = import_hf_checkpoint(directory, pg_collection=ProcessGroupCollection(tp=dist.new_group([0])))
     model.to(device=device, dtype=torch.bfloat16)
+    set_cpu_weight_packing(model, pack_cpu_weights)  # as mcore-serve does by default
     engine = DynamicInferenceEngine(
         model,
         kv_cache_memory=MCORE_KV_CACHE_BYTES,
@@ -102,7 +105,6 @@ def run_mcore(
         max_requests=ENGINE_LIMITS["max_requests"],
         max_tokens=ENGINE_LIMITS["max_tokens_per_step"],
         cuda_graphs=cuda_graphs,
-        pack_cpu_weights=pack_cpu_weights,
     )
     engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, num_tokens_to_generate=2))  # warm-up
     runner, first_step = engine.runner, engine.step_count

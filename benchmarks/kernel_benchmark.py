@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="", help="comma-separated op names to run (default: all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/kernel_benchmark.py needs a CUDA GPU (kernel timings are taken on a GPU only); none here")
+        print(
+            "benchmarks/kernel_benchmark.py needs a CUDA GPU (kernel timings are taken on a GPU only); none here"
+        )
         return 0
     wanted = {name for name in args.ops.split(",") if name}
     cases = [case for case in all_cases("cuda", torch.bfloat16) if not wanted or case.name in wanted]

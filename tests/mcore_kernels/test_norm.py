@@ -109,7 +109,9 @@ def _grads(case, width, backend, dtype=torch.float32, device="cpu", rows=(3, 5))
         )
     )
     if backend == "formulas":  # the reference's own formulas, also where layer_norm takes torch's
-        out = _NormFunction.apply(x, weight, bias, residual, 1e-5, case["zero_centered"], case["rms"], "reference")
+        out = _NormFunction.apply(
+            x, weight, bias, residual, 1e-5, case["zero_centered"], case["rms"], "reference"
+        )
     else:
         with use_backend(backend):
             out = _call(x, weight, bias, residual, 1e-5, case["zero_centered"], case["rms"])

@@ -67,6 +67,11 @@ class EngineProcessConfig:
         "float32", help="Parameter and KV cache precision of the engines."
     )
     seed: int = config_field(0, help="Seed of each engine's sampler (a request's own seed overrides it).")
+    pack_cpu_weights: bool = config_field(
+        True,
+        help="On the CPU in bfloat16, multiply with linear weights kept in oneDNN's blocked layout "
+        "(mcore_parallel.set_cpu_weight_packing: the same values, faster; a second copy of the weights).",
+    )
 
     def __post_init__(self) -> None:
         if not self.kv_cache_memory > 0:

@@ -54,6 +54,7 @@ def _build_engine(model_dir: str, where: EngineRank, config: EngineProcessConfig
     """This rank's engine of ``model_dir`` and, at TP > 1, its control group."""
     import torch
     from mcore_models import load_checkpoint_for_inference
+    from mcore_parallel import set_cpu_weight_packing
 
     from ..engine import DynamicInferenceEngine
 
@@ -62,6 +63,7 @@ def _build_engine(model_dir: str, where: EngineRank, config: EngineProcessConfig
     loaded = load_checkpoint_for_inference(
         model_dir, dtype=getattr(torch, config.dtype), pg_collection=groups
     )
+    set_cpu_weight_packing(loaded.model, config.pack_cpu_weights)
     engine = DynamicInferenceEngine(
         loaded.model,
         tokenizer=loaded.tokenizer,

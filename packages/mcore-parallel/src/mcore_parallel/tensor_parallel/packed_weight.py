@@ -6,10 +6,12 @@ multiplies with it directly when a call records no autograd graph: the same oneD
 reorder (on a 2-core AVX-512 machine 10-25% on decode-sized batches, about 2x for a 32k-row output
 layer at a handful of rows). The copy doubles the layer's weight memory.
 
-The copy is tied to the weight it was made from: an in-place update (optimizer step, weight refit,
-``load_state_dict``) or a swapped ``.data`` is noticed on the next call, which repacks, so a packed
-layer never computes with stale weights. Calls that autograd records, other devices and dtypes, and
-weights whose changes cannot be tracked (inference-mode tensors) take ``F.linear`` unchanged.
+The copy is tied to the weight it was made from: an update autograd's version counter sees
+(optimizer step, ``load_state_dict``, ``copy_`` under ``no_grad``) or a swapped ``.data`` is noticed
+on the next call, which repacks. Writes the counter cannot see (in place through ``.data``,
+collectives such as ``broadcast`` into a parameter) must be followed by ``set_cpu_weight_packing``
+again, which drops every copy. Calls that autograd records, other devices and dtypes, and weights
+whose changes cannot be tracked (inference-mode tensors) take ``F.linear`` unchanged.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def set_cpu_weight_packing(module: torch.nn.Module, enabled: bool) -> int:
     it (``ColumnParallelLinear`` and ``RowParallelLinear``); returns how many layers now pack.
 
     Turning it on where ``cpu_weight_packing_available()`` is false packs nothing and returns 0.
+    Each call drops the copies made so far (they are rebuilt at the next forward).
     Only forward calls that autograd does not record use the packed copy (see the module docstring),
     so training through the same layers is unaffected.
     """
