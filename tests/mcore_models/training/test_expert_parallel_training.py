@@ -14,7 +14,7 @@ import pytest
 import torch
 from mcore_models.training import parse_train_args, pretrain, resolve_configs
 from mcore_parallel import ConfigError, LoggerConfig
-from mcore_testing.tensorboard_events import read_scalars
+from mcore_testing.tensorboard_events import needs_tensorboard, read_scalars
 
 sys.path.insert(0, str(Path(__file__).parent))
 from moe_training_checks import MOE, assert_same_training, train_losses
@@ -66,6 +66,7 @@ def test_ep2_trains_like_ep1(
     assert_same_training(report, oracle)
 
 
+@needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
 @pytest.mark.parametrize(
     "layout",
     [
@@ -175,6 +176,7 @@ def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world
         resolve_configs(parse_train_args(base + argv), world)
 
 
+@needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
 @pytest.mark.parametrize(
     "tp, etp, ep, extra, layout",
     [
