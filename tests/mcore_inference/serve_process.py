@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -102,12 +103,22 @@ def _popen_serve(args: list[str], cwd: Path, port: int) -> subprocess.Popen:
     )
 
 
-def serve_tiny_model(directory: Path, timeout: float = 420) -> tuple[subprocess.Popen, str]:
+def serve_tiny_model(
+    directory: Path, timeout: float = 420, extra_args: Sequence[str] = ()
+) -> tuple[subprocess.Popen, str]:
     """``mcore-serve`` with 2 engine processes (warnings only in its log) serving a tiny model
-    written to ``directory/tiny-llama``, once healthy; ``(process, base URL)``."""
+    written to ``directory/tiny-llama``, once healthy, with ``extra_args`` on its command line;
+    ``(process, base URL)``."""
     model_dir = write_tiny_hf_model(directory / "tiny-llama")
     port = find_free_port()
-    args = [str(model_dir), "--data-parallel-size", "2", "--kv-cache-memory", str(KV_CACHE_BYTES)]
+    args = [
+        str(model_dir),
+        "--data-parallel-size",
+        "2",
+        "--kv-cache-memory",
+        str(KV_CACHE_BYTES),
+        *extra_args,
+    ]
     process = start_serve([*args, "--log-level", "warning"], directory, port, timeout)
     return process, f"http://127.0.0.1:{port}"
 

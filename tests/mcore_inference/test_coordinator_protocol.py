@@ -450,6 +450,35 @@ def test_an_engine_endpoint_stops_on_shutdown(coordinator):
     assert not coordinator.running
 
 
+def test_a_step_longer_than_the_heartbeat_timeout_does_not_lose_the_engine(
+    coordinator, make_model, make_engine
+):
+    """The endpoint heartbeats from its own thread during a step: an engine whose steps take three
+    times the coordinator's heartbeat timeout (0.5 s) stays live and serves its request."""
+    from mcore_inference import EngineEndpoint
+
+    engine = make_engine(make_model())
+    step = engine.step
+
+    def slow_step():
+        time.sleep(1.5)
+        return step()
+
+    engine.step = slow_step
+    endpoint = EngineEndpoint(engine, coordinator.address, name="slow", heartbeat_interval=0.1)
+    thread = threading.Thread(target=endpoint.run, daemon=True)
+    thread.start()
+    try:
+        coordinator.wait_for_engines(1, TIMEOUT)
+        params = SamplingParams(temperature=0, num_tokens_to_generate=2, ignore_eos=True)
+        result = run(InferenceClient(coordinator.address, timeout=TIMEOUT).generate([1, 2, 3], params))
+        assert (result.status, result.engine, result.resubmissions) == ("completed", "slow", 0)
+        assert len(result.generated_tokens) == 2 and coordinator.engines == ["slow"]
+    finally:
+        endpoint.close()
+        thread.join(TIMEOUT)
+
+
 def test_a_client_learns_that_the_coordinator_restarted():
     from mcore_inference import CoordinatorError
 

@@ -136,6 +136,8 @@ def test_a_max_model_len_beyond_the_models_positions_is_refused(model_dir, tmp_p
         (["--port", "70000"], "port: must be in 1..65535"),
         (["--data-parallel-size", "0"], "data_parallel_size: must be >= 1"),
         (["--dtype", "int8"], "invalid choice: 'int8'"),
+        (["--engine-heartbeat-timeout", "0"], "engine_heartbeat_timeout: must be >= 0.1"),
+        (["--no-engine-wait", "-1"], "no_engine_wait: must be >= 0"),
     ],
 )
 def test_bad_options_are_refused_naming_the_field(model_dir, tmp_path, args, message):

@@ -25,16 +25,17 @@ from serve_process import engine_pids, serve_tiny_model, stop_serve
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # mcore-serve imports torch, starts engines
 
 MODEL = "tiny-llama"
-HEARTBEAT_TIMEOUT = 5.0  # the coordinator's default: an engine silent this long is lost
+HEARTBEAT_TIMEOUT = 3.0  # --engine-heartbeat-timeout: an engine silent this long is lost
 LONG, SHORT = 120, 6  # max_tokens of the requests in flight at the kill, and of the others
 SLACK = 20.0  # seconds a crowded machine may add to any bound here
-NO_ENGINE_WAIT = 10.0  # mcore-serve's: how long a request waits for an engine while none is live
+NO_ENGINE_WAIT = 6.0  # --no-engine-wait: how long a request waits for an engine while none is live
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """``(process, url)`` of the module's ``mcore-serve``; stopped after its tests."""
-    process, url = serve_tiny_model(tmp_path_factory.mktemp("faults"))
+    options = ["--engine-heartbeat-timeout", str(HEARTBEAT_TIMEOUT), "--no-engine-wait", str(NO_ENGINE_WAIT)]
+    process, url = serve_tiny_model(tmp_path_factory.mktemp("faults"), extra_args=options)
     yield process, url
     returncode, output = stop_serve(process)
     assert returncode == 0, output

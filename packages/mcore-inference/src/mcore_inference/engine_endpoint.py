@@ -41,12 +41,15 @@ class ServedEngine(Protocol):
 
 class EngineEndpoint:
     """Connects ``engine`` (a ``DynamicInferenceEngine``) to the coordinator at ``address`` and
-    serves it from one thread: ``run()`` takes requests and control signals from the socket,
-    steps the engine while it is running and has work, sends a ``PARTIAL_REPLY`` per generated
-    token of a streamed request and one ``REPLY`` (the ``Request.to_dict()``) when a request
-    ends (a streamed token's log-probabilities go with it when the request asks for them), and a
-    heartbeat (with the engine's ``cache_stats()``) every ``heartbeat_interval`` seconds (keep it
-    well below the coordinator's ``heartbeat_timeout``, and a step well below both).
+    serves it: ``run()`` takes requests and control signals from the socket, steps the engine
+    while it is running and has work, sends a ``PARTIAL_REPLY`` per generated token of a streamed
+    request and one ``REPLY`` (the ``Request.to_dict()``) when a request ends (a streamed token's
+    log-probabilities go with it when the request asks for them), and a heartbeat (with the
+    engine's ``cache_stats()``) every ``heartbeat_interval`` seconds (keep it well below the
+    coordinator's ``heartbeat_timeout``). The heartbeat goes on during a step, from a thread of
+    its own, so a step longer than the coordinator's ``heartbeat_timeout`` (a long prefill of a
+    big model, a machine busy with other work) does not make the engine look lost; the socket is
+    used by one thread at a time (under a lock).
 
     Control signals: ``pause`` stops stepping (requests are kept, new ones queue), ``unpause``
     steps again, ``suspend`` frees the KV cache (``engine.suspend()``), ``resume`` reallocates it
@@ -78,6 +81,9 @@ class EngineEndpoint:
         self._requests: dict[int, Request] = {}  # coordinator request id -> engine request
         self._outbox: list[bytes] = []
         self._closed = threading.Event()
+        self._socket_lock = threading.Lock()  # the socket, _stepping and _last_heartbeat
+        self._stepping = False
+        self._last_heartbeat = 0.0
         self._epoch = 0  # handshakes so far: outputs of an earlier coordinator's requests are dropped
 
     def close(self) -> None:
@@ -90,45 +96,81 @@ class EngineEndpoint:
         sock.setsockopt(zmq.LINGER, 1000)  # let the last replies and acks go out
         sock.connect(self.address)
         self._socket = sock
-        last_heartbeat = last_heard = time.monotonic()
+        beat = threading.Thread(target=self._beat_while_stepping, name="engine-heartbeat", daemon=True)
         try:
-            self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="engine", name=self.name)
-            self._flush()
-            while not self._closed.is_set():
-                busy = self.state is ServingState.RUNNING and self.engine.has_unfinished_requests()
-                if sock.poll(0 if busy else 10):
-                    last_heard = time.monotonic()
-                    while not self._closed.is_set():
-                        try:
-                            frame = sock.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        try:
-                            self._receive(frame)
-                        except EngineGroupError:
-                            raise
-                        except Exception:  # e.g. an engine that refuses: log it, keep serving
-                            _logger.exception("handling a message from the coordinator failed")
-                if not self._closed.is_set() and self.state is ServingState.RUNNING:
-                    if self.engine.has_unfinished_requests():
-                        try:
-                            self.engine.step()
-                        except EngineGroupError:
-                            raise
-                        except Exception:  # the engine failed that step's requests; serve the rest
-                            _logger.exception("engine step raised; its requests failed, serving goes on")
-                now = time.monotonic()
-                if now - last_heartbeat >= self.heartbeat_interval:
-                    self._send(MessageKind.HEARTBEAT, load=len(self._requests), **self._cache_stats())
-                    last_heartbeat = now
+            with self._socket_lock:
+                self._send(MessageKind.CONNECT, version=PROTOCOL_VERSION, role="engine", name=self.name)
                 self._flush()
-                if self.coordinator_timeout is not None and now - last_heard > self.coordinator_timeout:
-                    raise TimeoutError(
-                        f"nothing from the coordinator at {self.address} for {self.coordinator_timeout} s"
-                    )
+            beat.start()
+            self._serve()
         finally:
-            self._flush()
-            sock.close()
+            self._closed.set()
+            if beat.is_alive():
+                beat.join()
+            with self._socket_lock:
+                self._flush()
+                sock.close()
+
+    def _serve(self) -> None:
+        """The loop of ``run()``: messages in, a step, messages out, until closed."""
+        last_heard = time.monotonic()
+        while not self._closed.is_set():
+            with self._socket_lock:
+                busy = self.state is ServingState.RUNNING and self.engine.has_unfinished_requests()
+                if self._socket.poll(0 if busy else 10):
+                    last_heard = time.monotonic()
+                    self._receive_all()
+            if not self._closed.is_set() and self.state is ServingState.RUNNING:
+                if self.engine.has_unfinished_requests():
+                    self._step()
+            now = time.monotonic()
+            with self._socket_lock:
+                if now - self._last_heartbeat >= self.heartbeat_interval:
+                    self._send(MessageKind.HEARTBEAT, load=len(self._requests), **self._cache_stats())
+                    self._last_heartbeat = now
+                self._flush()
+            if self.coordinator_timeout is not None and now - last_heard > self.coordinator_timeout:
+                raise TimeoutError(
+                    f"nothing from the coordinator at {self.address} for {self.coordinator_timeout} s"
+                )
+
+    def _receive_all(self) -> None:
+        """Handle every frame waiting on the socket."""
+        while not self._closed.is_set():
+            try:
+                frame = self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._receive(frame)
+            except EngineGroupError:
+                raise
+            except Exception:  # e.g. an engine that refuses: log it, keep serving
+                _logger.exception("handling a message from the coordinator failed")
+
+    def _step(self) -> None:
+        """One engine step, with the heartbeat thread told that one is under way."""
+        with self._socket_lock:
+            self._stepping = True
+        try:
+            self.engine.step()
+        except EngineGroupError:
+            raise
+        except Exception:  # the engine failed that step's requests; serve the rest
+            _logger.exception("engine step raised; its requests failed, serving goes on")
+        finally:
+            with self._socket_lock:
+                self._stepping = False
+
+    def _beat_while_stepping(self) -> None:
+        """The heartbeat thread: while a step runs past ``heartbeat_interval``, send heartbeats."""
+        while not self._closed.wait(self.heartbeat_interval / 4):
+            with self._socket_lock:
+                now = time.monotonic()
+                if self._stepping and now - self._last_heartbeat >= self.heartbeat_interval:
+                    frame = encode(MessageKind.HEARTBEAT, load=len(self._requests), **self._cache_stats())
+                    self._send_now(frame)
+                    self._last_heartbeat = now
 
     def _cache_stats(self) -> dict[str, float]:
         """The engine's ``cache_stats()`` for the heartbeat (an engine without it reports none)."""
@@ -140,12 +182,16 @@ class EngineEndpoint:
         self._outbox.append(encode(kind, **fields))
 
     def _flush(self) -> None:
+        """Send the outbox (with the socket lock held)."""
         for frame in self._outbox:
-            try:
-                self._socket.send(frame, zmq.NOBLOCK)
-            except zmq.Again:  # no coordinator for long (its queue is full): drop, never block
-                _logger.warning("the coordinator at %s takes no messages; one dropped", self.address)
+            self._send_now(frame)
         self._outbox.clear()
+
+    def _send_now(self, frame: bytes) -> None:
+        try:
+            self._socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # no coordinator for long (its queue is full): drop, never block
+            _logger.warning("the coordinator at %s takes no messages; one dropped", self.address)
 
     def _receive(self, frame: bytes) -> None:
         try:

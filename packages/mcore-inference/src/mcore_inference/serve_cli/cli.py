@@ -41,10 +41,6 @@ DESCRIPTION = (
     f"default ./{DEFAULT_MODEL_DIR}, where `mcore-train` writes."
 )
 
-_NO_ENGINE_WAIT_SECONDS = 10.0
-"""Seconds a request waits for an engine while none is live (every one was lost; a stalled one may
-come back) before it fails with a 503, rather than waiting for ever."""
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser: MODEL_DIR and an option per field of the two configs."""
@@ -177,7 +173,9 @@ def _load_start_and_serve(
     signal, then shut the engines and the coordinator down."""
     tp = serve.tensor_parallel_size
     front = load_front_end_model(resolve_model_dir(model_dir), engine.dtype, serve.max_model_len, tp)
-    coordinator = InferenceCoordinator(max_queue_wait=_NO_ENGINE_WAIT_SECONDS)
+    coordinator = InferenceCoordinator(
+        heartbeat_timeout=serve.engine_heartbeat_timeout, max_queue_wait=serve.no_engine_wait
+    )
     coordinator.start()
     processes: list[BaseProcess] = []
     stopping = threading.Event()

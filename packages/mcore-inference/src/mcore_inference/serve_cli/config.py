@@ -39,6 +39,18 @@ class ServeConfig:
     engine_startup_timeout: float = config_field(
         600.0, minimum=1.0, help="Seconds to wait for the engine processes to load the model."
     )
+    engine_heartbeat_timeout: float = config_field(
+        5.0,
+        minimum=0.1,
+        help="Seconds without a heartbeat after which an engine counts as lost: its requests go to "
+        "another engine or fail (engines heartbeat every 0.5 s, during steps too).",
+    )
+    no_engine_wait: float = config_field(
+        10.0,
+        minimum=0.0,
+        help="Seconds a request waits for an engine while none is live (each was lost; a stalled one "
+        "may come back) before it fails with 503.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = config_field(
         "info", help="uvicorn's log level."
     )
