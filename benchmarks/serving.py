@@ -34,7 +34,9 @@ bounds how many are in flight.
 
 Figures per server (``serving_metrics``, ``vllm bench serve``'s definitions): request throughput
 (req/s), output tokens/s, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end latency
-(ms). Prints a table and one JSON line with both servers' figures and the ratios mcore / vLLM of
+(ms); and, on Linux, the CPU seconds per 1000 output tokens that the server's front end (its main
+process: HTTP, detokenization, and for mcore-serve the coordinator) and its engine processes used
+during the load, from ``/proc`` (robust to other work on the machine, unlike the times). Prints a table and one JSON line with both servers' figures and the ratios mcore / vLLM of
 each (above 1 is better for throughputs, below 1 for latencies).
 """
 
@@ -71,6 +73,8 @@ TABLE = (
     ("TPOT p99 (ms)", "p99_tpot_ms", ".2f"),
     ("ITL median (ms)", "median_itl_ms", ".2f"),
     ("ITL p99 (ms)", "p99_itl_ms", ".2f"),
+    ("front-end CPU s / 1k tokens", "front_end_cpu_s_per_1k_tokens", ".3f"),
+    ("engine CPU s / 1k tokens", "engines_cpu_s_per_1k_tokens", ".3f"),
 )
 
 
@@ -161,7 +165,9 @@ def benchmark_server(command: ServerCommand, port: int, args, requests, log_dir:
         load = run_load(
             server.url, SERVED_MODEL_NAME, requests, args.request_rate, args.max_concurrency, args.seed
         )
+        cpu_before = server.cpu_seconds()
         records, duration, most_in_flight = asyncio.run(load)
+        cpu = cpu_per_kilotoken(cpu_before, server.cpu_seconds(), records)
     finally:
         server.stop()
     failed = [r.error for r in records if not r.success]
@@ -171,7 +177,16 @@ def benchmark_server(command: ServerCommand, port: int, args, requests, log_dir:
             f"compare); first errors: {sorted(set(failed))[:3]}; its output ({server.log_path}) ends:\n"
             f"{server.log_tail()}"
         )
-    return {**summarize(records, duration), "max_in_flight": most_in_flight, "startup_s": seconds}
+    return {**summarize(records, duration), **cpu, "max_in_flight": most_in_flight, "startup_s": seconds}
+
+
+def cpu_per_kilotoken(before: dict | None, after: dict | None, records) -> dict[str, float]:
+    """CPU seconds the server's front end and its engines used for the load, per 1000 output tokens
+    (empty without ``/proc``): where a server spends its cores, whatever else runs on the machine."""
+    if before is None or after is None:
+        return {}
+    tokens = sum(r.output_tokens for r in records) / 1000
+    return {f"{role}_cpu_s_per_1k_tokens": (after[role] - before[role]) / tokens for role in before}
 
 
 def ratios(mcore: dict, vllm: dict) -> dict[str, float]:
@@ -184,6 +199,8 @@ def print_table(mcore: dict, vllm: dict | None) -> None:
     """The headline figures of both servers, and their ratios."""
     print(f"{'':<28}{'mcore-serve':>14}{'vllm serve':>14}{'mcore / vLLM':>14}")
     for label, key, spec in TABLE:
+        if key not in mcore:  # the CPU figures need /proc
+            continue
         line = f"{label:<28}{mcore[key]:>14{spec}}"
         if vllm is not None:
             line += f"{vllm[key]:>14{spec}}{mcore[key] / vllm[key]:>14.2f}"

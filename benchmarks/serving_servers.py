@@ -100,6 +100,12 @@ class RunningServer:
             f"(--startup-timeout); its output ({self.log_path}) ends:\n{self.log_tail()}"
         )
 
+    def cpu_seconds(self) -> dict[str, float] | None:
+        """CPU seconds (user + system) used so far by the server's main process (for both servers
+        the HTTP front end: ``mcore-serve``'s also runs the coordinator) and by the other processes
+        of its session (the engine processes), from ``/proc``; ``None`` where there is none."""
+        return session_cpu_seconds(self.process.pid)
+
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM, then SIGKILL to the server's session after ``timeout`` seconds."""
         if self.process.poll() is None:
@@ -113,6 +119,27 @@ class RunningServer:
         except ProcessLookupError:
             pass
         self.process.wait()
+
+
+def session_cpu_seconds(leader: int) -> dict[str, float] | None:
+    """``{"front_end": ..., "engines": ...}``: CPU seconds of process ``leader`` and of the rest of
+    its session, read from ``/proc/PID/stat`` (``None`` without ``/proc``)."""
+    proc = Path("/proc")
+    if not (proc / str(leader) / "stat").exists():
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {"front_end": 0.0, "engines": 0.0}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[3]) == leader:  # the session id: the leader's own session
+            role = "front_end" if int(entry.name) == leader else "engines"
+            used[role] += (int(fields[11]) + int(fields[12])) / ticks
+    return used
 
 
 def vllm_version(vllm_python: str) -> str:

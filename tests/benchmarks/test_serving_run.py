@@ -57,6 +57,7 @@ def _check_figures(figures: dict, most_in_flight: int) -> None:
     for name in ("ttft", "tpot", "itl", "e2el"):
         assert 0 < figures[f"median_{name}_ms"] <= figures[f"p99_{name}_ms"]
     assert figures["median_ttft_ms"] < figures["median_e2el_ms"] <= 1e3 * figures["duration_s"]
+    assert figures["front_end_cpu_s_per_1k_tokens"] > 0 and figures["engines_cpu_s_per_1k_tokens"] > 0
 
 
 @pytest.mark.timeout(600)  # a loaded 2-core machine takes a minute or more to start mcore-serve
@@ -80,3 +81,22 @@ def test_mcore_serve_and_vllm_serve_side_by_side(model_dir, tmp_path):
     for key in ("request_throughput", "output_throughput", "median_ttft_ms", "p99_itl_ms"):
         assert ratios[key] == pytest.approx(results["mcore"][key] / results["vllm"][key])
     assert results["vllm"]["settings"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_session_cpu_seconds_splits_the_leader_from_its_session():
+    """A session whose leader waits while its child burns 0.5 s of CPU (then waits too): the
+    child's time counts as the engines', the leader's as the front end's."""
+    from serving_servers import session_cpu_seconds
+
+    child = "import sys, time\nwhile time.process_time() < 0.5: pass\nprint('burnt', flush=True)\nsys.stdin.read()"
+    leader = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child!r}])"
+    process = subprocess.Popen(
+        [sys.executable, "-c", leader], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline() == b"burnt\n"
+        used = session_cpu_seconds(process.pid)
+    finally:
+        process.communicate(b"", timeout=60)
+    assert used["engines"] >= 0.45 > used["front_end"]  # /proc counts whole clock ticks
+    assert session_cpu_seconds(process.pid) is None  # gone

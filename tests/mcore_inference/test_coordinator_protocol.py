@@ -21,7 +21,13 @@ from mcore_inference import (
     SamplingParams,
     ServingState,
 )
-from mcore_inference.protocol import decode, encode, sampling_params_from_dict, sampling_params_to_dict
+from mcore_inference.protocol import (
+    decode,
+    encode,
+    partial_outputs,
+    sampling_params_from_dict,
+    sampling_params_to_dict,
+)
 from mcore_inference.routing import Router
 from mcore_inference.serving_state import next_state
 
@@ -33,6 +39,24 @@ def run(coro):
 
 
 # ----------------------------------------------------------------- protocol
+def test_partial_outputs_are_validated_item_by_item():
+    good = [
+        {"request_id": 1, "new_token_ids": [5], "logprobs": [-0.1]},
+        {"request_id": 2, "new_token_ids": []},
+    ]
+    assert partial_outputs(decode(encode(MessageKind.PARTIAL_REPLY, outputs=good))[1]) == good
+    with pytest.raises(ProtocolError, match="'outputs' must be list"):
+        decode(encode(MessageKind.PARTIAL_REPLY, outputs={"request_id": 1}))
+    for bad, needle in [
+        ([[1, [5]]], r"outputs\[0\] has no int 'request_id'"),
+        ([good[0], {"request_id": True, "new_token_ids": [5]}], r"outputs\[1\] has no int 'request_id'"),
+        ([{"request_id": 3, "new_token_ids": 5}], r"outputs\[0\]: 'new_token_ids' must be list"),
+    ]:
+        with pytest.raises(ProtocolError, match=needle) as error:
+            partial_outputs({"outputs": bad})
+        assert error.value.request_id == (3 if "must be list" in needle else None)
+
+
 def test_encode_decode_round_trip():
     frame = encode(MessageKind.SUBMIT, request_id=3, prompt_tokens=[1, 2], sampling_params={}, stream=True)
     assert decode(frame) == (
@@ -281,6 +305,58 @@ def test_a_silent_engine_is_lost_and_its_requests_resubmitted(coordinator):
 
     run(body())
     silent.close()
+
+
+def test_one_partial_reply_of_an_engine_reaches_each_client_with_its_own_streams():
+    """An engine sends one ``PARTIAL_REPLY`` for a step of several streams: each of two clients
+    gets the tokens (and log-probabilities) of its own streams, under its own request ids; an
+    unknown request id among them is skipped; a malformed item is answered with an error and the
+    coordinator keeps serving."""
+    coordinator = InferenceCoordinator(heartbeat_timeout=TIMEOUT)
+    coordinator.start()
+    engine = connect_engine(coordinator.address, "fake")
+    coordinator.wait_for_engines(1, TIMEOUT)
+
+    async def take(stream, count):
+        return [await anext(stream) for _ in range(count)]
+
+    async def body():
+        clients = [InferenceClient(coordinator.address, timeout=TIMEOUT) for _ in range(2)]
+        streams = [client.stream([1, 2], SamplingParams(temperature=0, logprobs=True)) for client in clients]
+        first = [asyncio.ensure_future(take(stream, 2)) for stream in streams]
+        ids = []
+        for _ in clients:
+            kind, fields = await asyncio.to_thread(receive, engine)
+            assert kind is MessageKind.SUBMIT
+            ids.append(fields["request_id"])
+        outputs = [
+            {"request_id": ids[0], "new_token_ids": [7], "logprobs": [-0.5]},
+            {"request_id": 999, "new_token_ids": [1]},
+            {"request_id": ids[1], "new_token_ids": [8], "logprobs": [-0.25]},
+        ]
+        engine.send(encode(MessageKind.PARTIAL_REPLY, outputs=outputs))
+        engine.send(encode(MessageKind.PARTIAL_REPLY, outputs=[{"request_id": ids[1], "new_token_ids": 5}]))
+        assert (await asyncio.to_thread(receive, engine))[1]["code"] == "malformed"
+        for request_id, token in zip(ids, (9, 10), strict=True):
+            reply = {
+                "request_id": request_id,
+                "status": "completed",
+                "generated_tokens": [7 + request_id - ids[0], token],
+            }
+            engine.send(encode(MessageKind.REPLY, request_id=request_id, result=reply))
+        chunks = [await task for task in first]
+        assert [[(c.new_token_ids, c.finished) for c in mine] for mine in chunks] == [
+            [([7], False), ([9], True)],
+            [([8], False), ([10], True)],
+        ]
+        assert (chunks[0][0].logprobs, chunks[1][0].logprobs) == ([-0.5], [-0.25])
+
+    try:
+        run(body())
+        assert coordinator.running
+    finally:
+        engine.close()
+        coordinator.close()
 
 
 def test_a_request_waits_for_an_engine_at_most_max_queue_wait():

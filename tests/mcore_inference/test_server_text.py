@@ -3,6 +3,7 @@ unfinished UTF-8 characters and at the start of a stop string, chat templates fr
 directory, and engine errors mapped to OpenAI statuses."""
 
 import json
+import random
 
 import pytest
 import tokenizers
@@ -62,6 +63,36 @@ def test_text_that_may_start_a_stop_string_waits(byte_tokenizer):
 def test_the_first_stop_string_in_the_text_wins(byte_tokenizer):
     assembler = TextAssembler(byte_tokenizer, ["c", "ab"])
     assert "".join(_pieces(assembler, byte_tokenizer.encode("xxabc"))) == "xx"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_streamed_pieces_add_up_to_the_whole_decode(byte_tokenizer, seed):
+    """Random-sized chunks of multi-byte text: the pieces join to the decode of all the tokens,
+    and no piece ends in half a character."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(["a", " ", "é", "日本", "🙂", "ß", "\n"]) for _ in range(300))
+    ids = byte_tokenizer.encode(text)
+    assembler, pieces, start = TextAssembler(byte_tokenizer), [], 0
+    while start < len(ids):
+        size = rng.randint(1, 5)
+        pieces.append(assembler.add(ids[start : start + size]))
+        start += size
+    pieces.append(assembler.finish())
+    assert "".join(pieces) == text == assembler.text
+    assert not any(piece.endswith("\ufffd") for piece in pieces)
+
+
+def test_a_decoder_that_strips_the_first_space_streams_the_spaces_between_words():
+    """SentencePiece-style decoding drops the leading space of the first token only: decoding a
+    window of the latest tokens alone would drop each word's space, so the window keeps context."""
+    vocab = {"▁Hello": 0, "▁world": 1, ",": 2, "▁again": 3, "<unk>": 4, "</s>": 5}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    backend.decoder = tokenizers.decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer = TokenizerAdapter(Tokenizer(backend))
+    ids = [0, 1, 2, 3, 1, 2, 0]
+    pieces = _pieces(TextAssembler(tokenizer), ids)
+    assert "".join(pieces) == tokenizer.decode(ids) == "Hello world, again world, Hello"
+    assert pieces[:3] == ["Hello", " world", ","]
 
 
 def test_chat_template_from_the_model_directory(tmp_path):

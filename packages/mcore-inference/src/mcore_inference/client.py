@@ -14,7 +14,15 @@ import zmq
 import zmq.asyncio
 
 from .errors import CoordinatorError, IllegalControlSignalError, InvalidRequestError, ProtocolError
-from .protocol import CONTROL_ACKS, PROTOCOL_VERSION, MessageKind, decode, encode, sampling_params_to_dict
+from .protocol import (
+    CONTROL_ACKS,
+    PROTOCOL_VERSION,
+    MessageKind,
+    decode,
+    encode,
+    partial_outputs,
+    sampling_params_to_dict,
+)
 from .sampling_params import SamplingParams
 
 _logger = logging.getLogger(__name__)
@@ -216,7 +224,9 @@ class InferenceClient:
             except ProtocolError as error:
                 _logger.warning("malformed frame from the coordinator: %s", error)
                 continue
-            if kind in (MessageKind.PARTIAL_REPLY, MessageKind.REPLY):
+            if kind is MessageKind.PARTIAL_REPLY:
+                self._deliver_partials(fields)
+            elif kind is MessageKind.REPLY:
                 queue = self._pending.get(fields["request_id"])
                 if queue is not None:
                     queue.put_nowait((kind, fields))
@@ -228,6 +238,18 @@ class InferenceClient:
                 pass
             else:  # e.g. the ack of a handshake nobody waits for: never taken for another answer
                 _logger.debug("unexpected %s from the coordinator", kind.name)
+
+    def _deliver_partials(self, fields: dict[str, Any]) -> None:
+        """Put each output of a ``PARTIAL_REPLY`` in its stream's queue."""
+        try:
+            outputs = partial_outputs(fields)
+        except ProtocolError as error:
+            _logger.warning("malformed PARTIAL_REPLY from the coordinator: %s", error)
+            return
+        for output in outputs:
+            queue = self._pending.get(output["request_id"])
+            if queue is not None:
+                queue.put_nowait((MessageKind.PARTIAL_REPLY, output))
 
     def _fail_pending(self, error: Exception) -> None:
         for queue in self._pending.values():

@@ -22,7 +22,15 @@ from .errors import (
     InvalidRequestError,
     ProtocolError,
 )
-from .protocol import CONTROL_ACKS, PROTOCOL_VERSION, MessageKind, decode, encode, sampling_params_from_dict
+from .protocol import (
+    CONTROL_ACKS,
+    PROTOCOL_VERSION,
+    MessageKind,
+    decode,
+    encode,
+    partial_outputs,
+    sampling_params_from_dict,
+)
 from .routing import Router, RoutingPolicy
 from .serving_state import ServingState, next_state
 
@@ -449,16 +457,7 @@ class InferenceCoordinator:
             }
             self._send(engine.identity, MessageKind.HEARTBEAT, load=len(self._requests))
         elif kind is MessageKind.PARTIAL_REPLY:
-            request = self._requests.get(fields["request_id"])
-            if request is not None and request.engine == engine.identity and request.stream:
-                request.tokens_streamed += len(fields["new_token_ids"])
-                self._send(
-                    request.client,
-                    MessageKind.PARTIAL_REPLY,
-                    request_id=request.client_request_id,
-                    new_token_ids=fields["new_token_ids"],
-                    **{name: fields[name] for name in ("logprobs", "top_logprobs") if name in fields},
-                )
+            self._forward_partials(engine, partial_outputs(fields))
         elif kind is MessageKind.REPLY:
             request = self._requests.get(fields["request_id"])
             if request is None or request.engine != engine.identity:
@@ -484,6 +483,20 @@ class InferenceCoordinator:
             _logger.warning("engine %s: %s: %s", engine.name, fields["code"], fields["message"])
         else:
             self._error_to(engine.identity, "unexpected", f"an engine does not send {kind.name}")
+
+    def _forward_partials(self, engine: _Engine, outputs: list[dict[str, Any]]) -> None:
+        """Send each client one ``PARTIAL_REPLY`` with its streams' outputs among ``outputs``."""
+        by_client: dict[bytes, list[dict[str, Any]]] = {}
+        for output in outputs:
+            request = self._requests.get(output["request_id"])
+            if request is None or request.engine != engine.identity or not request.stream:
+                continue  # ended, aborted, or taken from an engine thought lost
+            request.tokens_streamed += len(output["new_token_ids"])
+            by_client.setdefault(request.client, []).append(
+                dict(output, request_id=request.client_request_id)
+            )
+        for client, mine in by_client.items():
+            self._send(client, MessageKind.PARTIAL_REPLY, outputs=mine)
 
     def _check_liveness(self) -> None:
         now = time.monotonic()

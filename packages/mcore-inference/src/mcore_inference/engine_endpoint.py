@@ -42,9 +42,9 @@ class ServedEngine(Protocol):
 class EngineEndpoint:
     """Connects ``engine`` (a ``DynamicInferenceEngine``) to the coordinator at ``address`` and
     serves it: ``run()`` takes requests and control signals from the socket, steps the engine
-    while it is running and has work, sends a ``PARTIAL_REPLY`` per generated token of a streamed
-    request and one ``REPLY`` (the ``Request.to_dict()``) when a request ends (a streamed token's
-    log-probabilities go with it when the request asks for them), and a heartbeat (with the
+    while it is running and has work, sends after each step one ``PARTIAL_REPLY`` with the new
+    tokens of every streamed request (and their log-probabilities when a request asks for them)
+    and one ``REPLY`` (the ``Request.to_dict()``) when a request ends, and a heartbeat (with the
     engine's ``cache_stats()``) every ``heartbeat_interval`` seconds (keep it well below the
     coordinator's ``heartbeat_timeout``). The heartbeat goes on during a step, from a thread of
     its own, so a step longer than the coordinator's ``heartbeat_timeout`` (a long prefill of a
@@ -80,6 +80,7 @@ class EngineEndpoint:
         self.shutdown_requested = False  # ended by a coordinator's SHUTDOWN (not STOP or close)
         self._requests: dict[int, Request] = {}  # coordinator request id -> engine request
         self._outbox: list[bytes] = []
+        self._partials: list[dict[str, Any]] = []  # streamed tokens not sent yet: one PARTIAL_REPLY
         self._closed = threading.Event()
         self._socket_lock = threading.Lock()  # the socket, _stepping and _last_heartbeat
         self._stepping = False
@@ -179,10 +180,18 @@ class EngineEndpoint:
 
     # ----------------------------------------------------------------- messages
     def _send(self, kind: MessageKind, **fields: Any) -> None:
+        self._batch_partials()  # a request's streamed tokens go out before its reply
         self._outbox.append(encode(kind, **fields))
+
+    def _batch_partials(self) -> None:
+        """Move the streamed tokens gathered so far to the outbox, as one ``PARTIAL_REPLY``."""
+        if self._partials:
+            self._outbox.append(encode(MessageKind.PARTIAL_REPLY, outputs=self._partials))
+            self._partials = []
 
     def _flush(self) -> None:
         """Send the outbox (with the socket lock held)."""
+        self._batch_partials()
         for frame in self._outbox:
             self._send_now(frame)
         self._outbox.clear()
@@ -256,12 +265,8 @@ class EngineEndpoint:
                 result["request_id"] = request_id
                 self._send(MessageKind.REPLY, request_id=request_id, result=result)
             elif stream and output.new_token_ids:
-                self._send(
-                    MessageKind.PARTIAL_REPLY,
-                    request_id=request_id,
-                    new_token_ids=output.new_token_ids,
-                    **_new_logprobs(output),
-                )
+                partial = {"request_id": request_id, "new_token_ids": output.new_token_ids}
+                self._partials.append(dict(partial, **_new_logprobs(output)))
 
         try:
             params = sampling_params_from_dict(fields["sampling_params"])

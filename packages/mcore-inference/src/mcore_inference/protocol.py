@@ -13,8 +13,9 @@ import msgpack
 from .errors import InvalidRequestError, ProtocolError
 from .sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 1
-"""Version of the coordinator protocol; a peer connecting with another one is refused."""
+PROTOCOL_VERSION = 2
+"""Version of the coordinator protocol; a peer connecting with another one is refused (version 2:
+a ``PARTIAL_REPLY`` carries the new tokens of several requests)."""
 
 MAX_FRAME_BYTES = 64 << 20
 """Largest frame ``decode`` accepts (a prompt of millions of tokens fits)."""
@@ -24,8 +25,10 @@ class MessageKind(enum.IntEnum):
     """Kinds of coordinator messages; each frame is the msgpack array ``[kind, fields]``.
 
     ``CONNECT``/``CONNECT_ACK`` is the handshake (``role`` ``"engine"`` or ``"client"``, the
-    ``version``); clients ``SUBMIT`` and ``ABORT`` requests, engines answer with a
-    ``PARTIAL_REPLY`` per generated token (streamed requests only) and one ``REPLY``; the control
+    ``version``); clients ``SUBMIT`` and ``ABORT`` requests, engines answer with
+    ``PARTIAL_REPLY`` messages (streamed requests only: each carries ``outputs``, the tokens one
+    step generated for any number of requests, see ``partial_outputs``) and one ``REPLY`` per
+    request; the control
     signals ``PAUSE``, ``UNPAUSE``, ``SUSPEND``, ``RESUME`` and ``STOP`` go from a client to every
     engine, each of which answers with the matching ``*_ACK``, and the client gets that ack once
     all engines have acted; ``SHUTDOWN`` ends the coordinator and its engines; ``HEARTBEAT``
@@ -72,7 +75,7 @@ _REQUIRED: dict[MessageKind, dict[str, tuple[type, ...]]] = {
         "sampling_params": (dict,),
         "stream": (bool,),
     },
-    MessageKind.PARTIAL_REPLY: {"request_id": _INT, "new_token_ids": (list,)},
+    MessageKind.PARTIAL_REPLY: {"outputs": (list,)},
     MessageKind.REPLY: {"request_id": _INT, "result": (dict,)},
     MessageKind.ABORT: {"request_id": _INT},
     MessageKind.HEARTBEAT: {"load": _INT},
@@ -119,6 +122,20 @@ def decode(frame: bytes) -> tuple[MessageKind, dict[str, Any]]:
                 request_id if readable else None,
             )
     return kind, fields
+
+
+def partial_outputs(fields: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``outputs`` of a decoded ``PARTIAL_REPLY``: maps with an int ``request_id`` and a list
+    ``new_token_ids`` (optionally ``logprobs`` and ``top_logprobs``, lists of the same length);
+    ``ProtocolError`` naming the first item that is not."""
+    outputs = fields["outputs"]
+    for index, item in enumerate(outputs):
+        request_id = item.get("request_id") if isinstance(item, dict) else None
+        if isinstance(request_id, bool) or not isinstance(request_id, int):
+            raise ProtocolError(f"PARTIAL_REPLY: outputs[{index}] has no int 'request_id'")
+        if not isinstance(item.get("new_token_ids"), list):
+            raise ProtocolError(f"PARTIAL_REPLY: outputs[{index}]: 'new_token_ids' must be list", request_id)
+    return outputs
 
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}

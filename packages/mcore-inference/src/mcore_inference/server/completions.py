@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -102,6 +103,12 @@ def _whole_body(
 
 async def _merged(choices: Sequence[Choice]) -> AsyncIterator[tuple[int, Delta | None]]:
     """``(choice index, Delta)`` as any choice produces output, ``(index, None)`` when it ends."""
+    if len(choices) == 1:  # the common case: no task and queue between the choice and the stream
+        async with contextlib.aclosing(choices[0].deltas()) as deltas:  # leaving early aborts it
+            async for delta in deltas:
+                yield 0, delta
+        yield 0, None
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, choice: Choice) -> None:

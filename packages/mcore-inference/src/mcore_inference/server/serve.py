@@ -23,6 +23,16 @@ _KEEP_ALIVE_SECONDS = 65.0
 as the client reuses the connection makes that request fail (uvicorn's default is 5 s)."""
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's where it is installed (a dependency everywhere but on Windows:
+    the server's asyncio work per streamed token costs less), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class DrainingServer(uvicorn.Server):
     """A uvicorn server for an app of ``build_app`` whose first SIGTERM (or SIGINT) drains: new
     generation requests get 503 and ``/health`` says so, requests in flight get up to
