@@ -108,3 +108,22 @@ def _turning_packing_off_drops_the_copies():
 
 def test_turning_packing_off_drops_the_copies(run_distributed):
     run_distributed(_turning_packing_off_drops_the_copies, 1)
+
+
+def _compiled_calls_take_f_linear():
+    torch.manual_seed(0)
+    model, column, row = _layers()
+    set_cpu_weight_packing(model, True)
+    compiled = torch.compile(lambda x: row(column(x)[0])[0], fullgraph=True)
+    x = torch.randn(6, 40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        output = compiled(x)
+        _, expected = _expected(column, row, x)
+    torch.testing.assert_close(output, expected)
+    assert column.packed_weight._packed is None  # traced calls never packed
+
+
+def test_compiled_calls_take_f_linear(run_distributed):
+    """``torch.compile`` over packing layers traces ``F.linear`` (a packed copy made while tracing
+    fails to lower: "weight must be a graph constant") and gives F.linear's values."""
+    run_distributed(_compiled_calls_take_f_linear, 1)

@@ -11,7 +11,9 @@ The copy is tied to the weight it was made from: an update autograd's version co
 on the next call, which repacks. Writes the counter cannot see (in place through ``.data``,
 collectives such as ``broadcast`` into a parameter) must be followed by ``set_cpu_weight_packing``
 again, which drops every copy. Calls that autograd records, other devices and dtypes, and weights
-whose changes cannot be tracked (inference-mode tensors) take ``F.linear`` unchanged.
+whose changes cannot be tracked (inference-mode tensors) take ``F.linear`` unchanged, and so do
+calls that ``torch.compile`` traces (inductor cannot lower a packed copy that is not a graph
+constant; it packs linear weights itself when freezing).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class PackedLinearWeight:
     def applies_to(x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether ``F.linear(x, weight)`` may be computed from a packed copy."""
         return (
-            x.device.type == "cpu"
+            not torch.compiler.is_compiling()  # traced: the compiler packs weights its own way
+            and x.device.type == "cpu"
             and weight.device.type == "cpu"
             and x.dtype == weight.dtype
             and weight.dtype in PACKED_DTYPES
