@@ -36,6 +36,13 @@ inline void add_scaled(float w, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += w * x[i];
 }
 
+// The float32 buffers one thread reuses for every row it computes (grown as needed, never freed
+// between rows): scores [heads, keys], accumulators and the query [heads, dim], per-head softmax
+// denominators, a block converted to float32.
+struct Scratch {
+  std::vector<float> scores, acc, denominator, query, block;
+};
+
 // Asks the CPU to start loading the cache rows of positions p..last that share p's block (the
 // blocks of a sequence are scattered, so the hardware prefetcher restarts at every block).
 template <typename T, typename Index>
@@ -227,8 +234,9 @@ void group_values(const T* v, int64_t stride, int64_t count, const float* weight
 // read from memory once: a group at a time would stride through the cache once per group.
 template <int CHUNKS, typename T, typename Index>
 void decode_row_blocked(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, float scale,
-                        const float* sink, std::vector<float>& scores, std::vector<float>& acc, T* out) {
+                        const float* sink, Scratch& scratch, T* out) {
   constexpr int64_t dim = CHUNKS * 16;
+  std::vector<float>&scores = scratch.scores, &acc = scratch.acc, &denominator = scratch.denominator;
   const int64_t groups = heads / per_group, first = row.first, length = row.last - first + 1;
   for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
                  [&](const T* rows, int64_t p, int64_t count) {
@@ -236,7 +244,7 @@ void decode_row_blocked(const Row<T, Index>& row, const T* q, int64_t heads, int
                      group_scores<CHUNKS>(rows + g * dim, row.token_stride, count, q + g * per_group * dim, per_group,
                                           scale, scores.data() + g * per_group * length + p - first, length);
                  });
-  std::vector<float> denominator(heads);
+  denominator.resize(heads);
   for (int64_t h = 0; h < heads; ++h)
     denominator[h] = softmax_numerators(scores.data() + h * length, length, sink ? sink + h : nullptr);
   acc.assign(heads * dim, 0.f);
@@ -259,10 +267,14 @@ void decode_row_blocked(const Row<T, Index>& row, const T* q, int64_t heads, int
 // Any head dim and instruction set: keys and values of a block converted to float32 at once.
 template <typename T, typename Index>
 void decode_row_generic(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
-                        float scale, const float* sink, std::vector<float>& scores, T* out) {
+                        float scale, const float* sink, Scratch& scratch, T* out) {
   const int64_t length = row.last - row.first + 1;
-  std::vector<float> qf(heads * dim), acc(heads * dim, 0.f), floats(row.block_size * row.token_stride);
-  std::vector<float> denominator(heads);
+  std::vector<float>&scores = scratch.scores, &acc = scratch.acc, &denominator = scratch.denominator;
+  std::vector<float>&qf = scratch.query, &floats = scratch.block;
+  qf.resize(heads * dim);
+  acc.assign(heads * dim, 0.f);
+  floats.resize(row.block_size * row.token_stride);
+  denominator.resize(heads);
   to_floats(q, qf.data(), heads * dim);
   for (float& x : qf) x *= scale;
   for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, row.first, row.last,
@@ -302,11 +314,11 @@ void decode_row_generic(const Row<T, Index>& row, const T* q, int64_t heads, int
 // Head dims of 16 to 128 in steps of 16, with AVX-512.
 template <typename T, typename Index>
 bool decode_row_avx512(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
-                       float scale, const float* sink, std::vector<float>& scores, std::vector<float>& acc, T* out) {
+                       float scale, const float* sink, Scratch& scratch, T* out) {
   if constexpr (std::is_same_v<T, double>) return false;  // float64 takes the portable path
   if (dim % 16 != 0 || dim > 128) return false;
   auto run = [&](auto chunks) {
-    decode_row_blocked<decltype(chunks)::value>(row, q, heads, per_group, scale, sink, scores, acc, out);
+    decode_row_blocked<decltype(chunks)::value>(row, q, heads, per_group, scale, sink, scratch, out);
   };
   switch (dim / 16) {
     case 1: run(std::integral_constant<int, 1>{}); break;
@@ -339,7 +351,7 @@ void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Ten
   // prefill chunk see more keys the later they are, and contiguous ranges would load one thread.
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), batch);
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
+    Scratch scratch;
     for (int64_t lane = begin; lane < end; ++lane) {
       for (int64_t b = lane; b < batch; b += threads) {
         TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
@@ -348,14 +360,14 @@ void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Ten
         row.table += b * width;
         row.last = pos[b];
         row.first = window > 0 ? std::max<int64_t>(0, row.last - window + 1) : 0;
-        scores.resize(heads * (row.last - row.first + 1));
+        scratch.scores.resize(heads * (row.last - row.first + 1));
         const T* row_q = q + b * heads * dim;
         T* row_out = out + b * heads * dim;
 #if defined(__AVX512F__)
-        if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, acc, row_out))
+        if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scratch, row_out))
           continue;
 #endif
-        decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scores, row_out);
+        decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scratch, row_out);
       }
     }
   });
