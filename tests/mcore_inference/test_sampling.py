@@ -107,6 +107,13 @@ def test_logprobs_and_prompt_logprobs_match_the_full_forward(
         expected_prompt = [full[i - 1, request.tokens[i]].item() for i in range(1, n)]
         assert request.prompt_logprobs[0] is None
         assert request.prompt_logprobs[1:] == pytest.approx(expected_prompt, abs=1e-4)
+        assert request.prompt_top_logprobs[0] is None and len(request.prompt_top_logprobs) == n
+        for i in range(1, n):  # each prompt position's two most likely tokens, best first
+            best = full[i - 1].topk(2)
+            assert list(request.prompt_top_logprobs[i]) == best.indices.tolist()
+            assert list(request.prompt_top_logprobs[i].values()) == pytest.approx(
+                best.values.tolist(), abs=1e-4
+            )
         expected = [full[n - 1 + j, t].item() for j, t in enumerate(request.generated_tokens)]
         assert request.generated_logprobs == pytest.approx(expected, abs=1e-4)
         top = full[n - 1].topk(2)

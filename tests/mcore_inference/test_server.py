@@ -235,6 +235,78 @@ def test_logprobs_equal_the_engine(stack, api, expected):
         assert entry.logprob == pytest.approx(max(t.logprob for t in entry.top_logprobs), abs=1e-6)
 
 
+def _echo_reference(stack, expected, ids, n):
+    """The in-process engine's prompt and output log-probabilities of ``ids``, as the completions
+    ``logprobs`` of an echo with ``logprobs=2`` lists them."""
+    reference = expected.request(ids, n, logprobs=True, top_n_logprobs=2, prompt_logprobs=True)
+    tokens = [*ids, *reference.generated_tokens]
+    logprobs = reference.prompt_logprobs + reference.generated_logprobs
+    tops = [None] + [
+        {text(stack, [t]): p for t, p in top.items()}
+        for top in reference.prompt_top_logprobs[1:] + reference.generated_top_logprobs
+    ]
+    return tokens, logprobs, tops
+
+
+def _assert_logprobs(logprobs, reference_logprobs, reference_tops):
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.token_logprobs[1:] == pytest.approx(reference_logprobs[1:], abs=1e-5)
+    for top, ref in zip(logprobs.top_logprobs[1:], reference_tops[1:], strict=True):
+        assert top == pytest.approx(ref, abs=1e-5)
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_engine(stack, api, expected):
+    ids = [40, 41, 42, 43, 44]
+    tokens, reference_logprobs, reference_tops = _echo_reference(stack, expected, ids, 4)
+    response = api.completions.create(
+        model=MODEL, prompt=ids, max_tokens=4, temperature=0, logprobs=2, echo=True
+    )
+    choice = response.choices[0]
+    assert choice.text == text(stack, tokens)
+    assert choice.logprobs.tokens == [text(stack, [t]) for t in tokens]
+    assert choice.logprobs.text_offset == list(range(len(tokens)))  # one character a token
+    _assert_logprobs(choice.logprobs, reference_logprobs, reference_tops)
+    streamed = list(
+        api.completions.create(
+            model=MODEL, prompt=ids, max_tokens=4, temperature=0, logprobs=2, echo=True, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in streamed) == choice.text
+    parts = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs is not None]
+    assert parts[0].tokens == [text(stack, [t]) for t in ids]  # the echo comes first, with the prompt's
+    joined = {
+        field: [x for p in parts for x in getattr(p, field)]
+        for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    }
+    assert joined["tokens"] == choice.logprobs.tokens and joined["text_offset"] == choice.logprobs.text_offset
+    assert joined["top_logprobs"] == choice.logprobs.top_logprobs
+    assert joined["token_logprobs"][1:] == pytest.approx(choice.logprobs.token_logprobs[1:])
+
+
+def test_echo_with_no_tokens_to_generate_scores_the_prompt(stack, api, expected):
+    ids = [7, 8, 9, 10, 11, 12]
+    _, reference_logprobs, _ = _echo_reference(stack, expected, ids, 1)
+    for stream in (False, True):
+        chunks = api.completions.create(
+            model=MODEL, prompt=ids, max_tokens=0, logprobs=0, echo=True, stream=stream,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )  # fmt: skip
+        if stream:
+            chunks = list(chunks)
+            choices = [c.choices[0] for c in chunks if c.choices]
+            text_ = "".join(c.text for c in choices)
+            logprobs = next(c.logprobs for c in choices if c.logprobs is not None)
+            finish, usage = choices[-1].finish_reason, chunks[-1].usage
+        else:
+            text_, logprobs = chunks.choices[0].text, chunks.choices[0].logprobs
+            finish, usage = chunks.choices[0].finish_reason, chunks.usage
+        assert text_ == text(stack, ids) and finish == "length"
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 0)
+        assert logprobs.tokens == [text(stack, [t]) for t in ids] and logprobs.top_logprobs is None
+        assert logprobs.token_logprobs[0] is None
+        assert logprobs.token_logprobs[1:] == pytest.approx(reference_logprobs[1 : len(ids)], abs=1e-5)
+
+
 def test_streamed_logprobs_equal_the_engine(stack, api, expected):
     ids = [40, 41, 42]
     reference = expected.request(ids, 5, logprobs=True, top_n_logprobs=2)
@@ -317,6 +389,8 @@ ERROR_CASES = [
     # (path, body, status, param, code)
     ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, 400, "temperature", None),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens", None),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1, "echo": True}, 400, "max_tokens", None),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1.5}, 400, "max_tokens", None),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens", None),
     ("/v1/completions", {"model": MODEL, "prompt": [1] * MAX_MODEL_LEN}, 400, "prompt", "context_length_exceeded"),

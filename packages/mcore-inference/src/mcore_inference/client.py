@@ -92,7 +92,10 @@ class CoordinatorStatus:
 class StreamOutput:
     """One chunk of a streamed request: its new tokens; the last has ``finished`` and ``result``.
     When the request asks for them (``SamplingParams.logprobs`` / ``top_n_logprobs``),
-    ``logprobs`` and ``top_logprobs`` hold the new tokens' log-probabilities (else ``None``)."""
+    ``logprobs`` and ``top_logprobs`` hold the new tokens' log-probabilities (else ``None``);
+    with ``SamplingParams.prompt_logprobs``, the first chunk holds the prompt's in
+    ``prompt_logprobs`` (and ``prompt_top_logprobs`` with ``top_n_logprobs``), as
+    ``Request.prompt_logprobs`` has them (``None`` for the first prompt token)."""
 
     request_id: int
     new_token_ids: list[int]
@@ -100,17 +103,24 @@ class StreamOutput:
     result: RequestResult | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None
 
 
 def _last_output(request_id: int, result: RequestResult, streamed: int) -> StreamOutput:
     """The last chunk of a stream: the tokens (and log-probabilities) not streamed yet."""
-    params = result.details.get("sampling_params") or {}
-    logprobs = top = None
+    details = result.details
+    params = details.get("sampling_params") or {}
+    output = StreamOutput(request_id, result.generated_tokens[streamed:], True, result)
     if params.get("logprobs"):
-        logprobs = list(result.details.get("generated_logprobs") or [])[streamed:]
+        output.logprobs = list(details.get("generated_logprobs") or [])[streamed:]
     if params.get("top_n_logprobs"):
-        top = [dict(d) for d in (result.details.get("generated_top_logprobs") or [])[streamed:]]
-    return StreamOutput(request_id, result.generated_tokens[streamed:], True, result, logprobs, top)
+        output.top_logprobs = [dict(d) for d in (details.get("generated_top_logprobs") or [])[streamed:]]
+    if params.get("prompt_logprobs") and not streamed:
+        output.prompt_logprobs = list(details.get("prompt_logprobs") or [])
+        if params.get("top_n_logprobs"):
+            output.prompt_top_logprobs = list(details.get("prompt_top_logprobs") or [])
+    return output
 
 
 class _Failure:
@@ -337,6 +347,8 @@ class InferenceClient:
                         False,
                         logprobs=fields.get("logprobs"),
                         top_logprobs=fields.get("top_logprobs"),
+                        prompt_logprobs=fields.get("prompt_logprobs"),
+                        prompt_top_logprobs=fields.get("prompt_top_logprobs"),
                     )
                 else:
                     result = RequestResult.from_reply(fields["result"])

@@ -177,6 +177,8 @@ class DynamicInferenceEngine:
             return request
         if params.prompt_logprobs:
             request.prompt_logprobs = [None]  # the first token has no context
+            if params.top_n_logprobs:
+                request.prompt_top_logprobs = [None]
         self._unfinished[request.request_id] = request
         self._incoming.append(request)
         return request

@@ -286,11 +286,18 @@ class EngineEndpoint:
 
 
 def _new_logprobs(output: RequestOutput) -> dict[str, Any]:
-    """``logprobs`` / ``top_logprobs`` of ``output``'s new tokens, when its request records them."""
+    """``logprobs`` / ``top_logprobs`` of ``output``'s new tokens, when its request records them;
+    with its first tokens also ``prompt_logprobs`` / ``prompt_top_logprobs``, when it asks for them."""
     request, count = output.request, len(output.new_token_ids)
     fields: dict[str, Any] = {}
     if request.sampling_params.logprobs:
         fields["logprobs"] = request.generated_logprobs[-count:]
     if request.sampling_params.top_n_logprobs:
         fields["top_logprobs"] = [dict(d) for d in request.generated_top_logprobs[-count:]]
+    if request.sampling_params.prompt_logprobs and count == len(request.generated_tokens):
+        fields["prompt_logprobs"] = list(request.prompt_logprobs)
+        if request.sampling_params.top_n_logprobs:
+            fields["prompt_top_logprobs"] = [
+                None if d is None else dict(d) for d in request.prompt_top_logprobs
+            ]
     return fields

@@ -126,7 +126,8 @@ def decode(frame: bytes) -> tuple[MessageKind, dict[str, Any]]:
 
 def partial_outputs(fields: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The ``outputs`` of a decoded ``PARTIAL_REPLY``: maps with an int ``request_id`` and a list
-    ``new_token_ids`` (optionally ``logprobs`` and ``top_logprobs``, lists of the same length);
+    ``new_token_ids`` (optionally ``logprobs`` and ``top_logprobs``, lists of the same length, and
+    with a request's first tokens ``prompt_logprobs`` and ``prompt_top_logprobs``);
     ``ProtocolError`` naming the first item that is not."""
     outputs = fields["outputs"]
     for index, item in enumerate(outputs):

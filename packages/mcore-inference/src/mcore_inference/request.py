@@ -71,6 +71,7 @@ class Request:
     generated_logprobs: list[float] = field(default_factory=list)
     generated_top_logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     token_timestamps: list[float] = field(default_factory=list)
     events: list[RequestEvent] = field(default_factory=list)
     finish_reason: str | None = None
@@ -124,6 +125,7 @@ class Request:
             "generated_logprobs": list(self.generated_logprobs),
             "generated_top_logprobs": [dict(d) for d in self.generated_top_logprobs],
             "prompt_logprobs": list(self.prompt_logprobs),
+            "prompt_top_logprobs": [None if d is None else dict(d) for d in self.prompt_top_logprobs],
             "token_timestamps": list(self.token_timestamps),
             "time_to_first_token": self.time_to_first_token,
             "finish_reason": self.finish_reason,

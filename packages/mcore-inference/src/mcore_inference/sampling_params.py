@@ -37,7 +37,8 @@ class SamplingParams:
 
     Log-probabilities are those of the model's distribution before temperature and filters:
     ``logprobs`` records the sampled token's, ``top_n_logprobs`` the ``n`` most likely tokens' at
-    each step, ``prompt_logprobs`` each prompt token's given the tokens before it.
+    each step, ``prompt_logprobs`` each prompt token's given the tokens before it (with
+    ``top_n_logprobs``, also the ``n`` most likely tokens at each prompt position).
 
     Penalties, as in vLLM and the OpenAI API, change the logits before temperature and filters
     (greedy rows too): ``repetition_penalty`` (> 0, 1 = off) divides the positive and multiplies

@@ -109,7 +109,9 @@ class StepSampler:
 
 def prompt_logprobs(chunk: ScheduledChunk, logits: torch.Tensor) -> None:
     """Append to ``chunk.request.prompt_logprobs`` the log-probability of each prompt token that
-    ``logits`` (the chunk's rows) predict; a chunk recomputed after preemption adds nothing."""
+    ``logits`` (the chunk's rows) predict, and to ``prompt_top_logprobs`` the ``top_n_logprobs``
+    most likely tokens' when the request asks for them; a chunk recomputed after preemption adds
+    nothing."""
     request = chunk.request
     prompt = request.prompt_tokens
     targets = range(chunk.start + 1, min(chunk.end + 1, len(prompt)))
@@ -118,3 +120,8 @@ def prompt_logprobs(chunk: ScheduledChunk, logits: torch.Tensor) -> None:
     logprobs = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
     index = torch.tensor([prompt[t] for t in targets], device=logprobs.device).unsqueeze(1)
     request.prompt_logprobs.extend(logprobs.gather(1, index).squeeze(1).tolist())
+    top_n = request.sampling_params.top_n_logprobs
+    if top_n:
+        best = logprobs.topk(top_n, dim=-1)
+        for ids, values in zip(best.indices.tolist(), best.values.tolist(), strict=True):
+            request.prompt_top_logprobs.append(dict(zip(ids, values, strict=True)))

@@ -22,6 +22,8 @@ from .responses import (
     chat_logprobs,
     completion_choice,
     completion_logprobs,
+    echo_logprobs,
+    joined_logprobs,
     sse,
     total_usage,
 )
@@ -92,11 +94,16 @@ def _whole_body(
                 logprobs = chat_logprobs(output, ctx.tokenizer, generation.top_logprobs)
             choices.append(chat_choice(index, output, logprobs))
         else:
-            logprobs = None
-            if generation.top_logprobs is not None:
-                logprobs = completion_logprobs(output, ctx.tokenizer)
             prompt = generation.prompts[index // generation.n]
             echo = ctx.tokenizer.decode(prompt) if generation.echo else ""
+            logprobs = None
+            if generation.top_logprobs is not None:
+                logprobs = completion_logprobs(output, ctx.tokenizer, len(echo))
+                if generation.echo:
+                    prompt_part = echo_logprobs(
+                        prompt, output.prompt_logprobs, output.prompt_top_logprobs, ctx.tokenizer
+                    )
+                    logprobs = joined_logprobs(prompt_part, logprobs)
             choices.append(completion_choice(index, output, echo, logprobs))
     return header.body(choices, total_usage(outputs, [len(p) for p in generation.prompts]))
 
@@ -150,12 +157,33 @@ def _delta_logprobs(ctx: ServerContext, header: ResponseHeader, delta: Delta, to
     return completion_logprobs(delta, ctx.tokenizer, offset)
 
 
+def _echo_chunk(
+    ctx: ServerContext,
+    header: ResponseHeader,
+    generation: GenerationRequest,
+    choices: Sequence[Choice],
+    index: int,
+    sent: list[int],
+) -> str:
+    """The chunk that echoes choice ``index``'s prompt (with its log-probabilities when the request
+    asks for them); counts its text in ``sent``."""
+    prompt = generation.prompts[index // generation.n]
+    echo, logprobs = ctx.tokenizer.decode(prompt), None
+    if generation.top_logprobs is not None:
+        choice = choices[index]
+        logprobs = echo_logprobs(prompt, choice.prompt_logprobs, choice.prompt_top_logprobs, ctx.tokenizer)
+    sent[index] += len(echo)
+    return header.chunk([_delta_choice(header, index, echo, None, logprobs)])
+
+
 async def _events(
     ctx: ServerContext, header: ResponseHeader, generation: GenerationRequest, choices: Sequence[Choice]
 ) -> AsyncIterator[str]:
     """The server-sent events of a streamed response, ending with ``data: [DONE]``; a failure is
     sent as an error event before it."""
     sent = [0] * len(choices)  # characters of each choice's text sent so far
+    # An echo with log-probabilities waits for the prompt's, which come with the choice's first output.
+    echo_later = [generation.echo and generation.top_logprobs is not None] * len(choices)
     try:
         for index in range(len(choices)):
             if header.chat:
@@ -163,10 +191,12 @@ async def _events(
                 yield header.chunk(
                     [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
                 )
-            elif generation.echo:
-                echo = ctx.tokenizer.decode(generation.prompts[index // generation.n])
-                yield header.chunk([_delta_choice(header, index, echo, None)])
+            elif generation.echo and not echo_later[index]:
+                yield _echo_chunk(ctx, header, generation, choices, index, sent)
         async for index, delta in _merged(choices):
+            if echo_later[index]:
+                yield _echo_chunk(ctx, header, generation, choices, index, sent)
+                echo_later[index] = False
             if delta is None:
                 yield header.chunk([_delta_choice(header, index, "", choices[index].output.finish_reason)])
                 continue

@@ -22,7 +22,8 @@ _FINISH_REASONS = {"stop_token": "stop", "eos": "stop", "stop_string": "stop", "
 class ChoiceOutput:
     """What one choice produced: its text, the tokens behind it, why it ended (``"stop"`` or
     ``"length"``, as in the OpenAI API), how many tokens the engine generated, and the
-    log-probabilities of the kept tokens (``top_logprobs``: one ``{token id: logprob}`` a token)."""
+    log-probabilities of the kept tokens (``top_logprobs``: one ``{token id: logprob}`` a token)
+    and, when asked for, of the prompt's (``None`` for its first token)."""
 
     text: str
     token_ids: list[int]
@@ -31,6 +32,8 @@ class ChoiceOutput:
     completion_tokens: int
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -48,7 +51,9 @@ class Choice:
     """Runs one engine request for a choice. Iterate ``deltas()`` for the text as it becomes safe
     to send; ``output`` is set once it ends. A stop string aborts the engine request at once.
     Leaving the iteration early (a client that disconnected) aborts it too. A failed request
-    raises the ``OpenAIError`` of its error."""
+    raises the ``OpenAIError`` of its error. With ``prompt_logprobs`` in ``params``, the prompt's
+    log-probabilities are in ``prompt_logprobs`` / ``prompt_top_logprobs`` from the first delta on
+    (or from the end, for a choice that yields none)."""
 
     def __init__(
         self,
@@ -62,6 +67,8 @@ class Choice:
         self.client, self.prompt, self.params, self.metrics = client, list(prompt), params, metrics
         self.assembler = TextAssembler(tokenizer, stop)
         self.output: ChoiceOutput | None = None
+        self.prompt_logprobs: list[float | None] = []
+        self.prompt_top_logprobs: list[dict[int, float] | None] = []
         self._start = time.monotonic()
         self._last_token: float | None = None
 
@@ -70,6 +77,9 @@ class Choice:
         result, outcome = None, "error"
         try:
             async for chunk in self.client.stream(self.prompt, self.params):
+                if chunk.prompt_logprobs is not None:
+                    self.prompt_logprobs = chunk.prompt_logprobs
+                    self.prompt_top_logprobs = chunk.prompt_top_logprobs or []
                 ids = chunk.new_token_ids
                 if chunk.finished:
                     result = chunk.result
@@ -138,5 +148,7 @@ class Choice:
             completion_tokens=len(result.generated_tokens),
             logprobs=list(details.get("generated_logprobs") or [])[:kept],
             top_logprobs=[dict(d) for d in (details.get("generated_top_logprobs") or [])[:kept]],
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_top_logprobs=self.prompt_top_logprobs,
         )
         return reason

@@ -153,16 +153,17 @@ def _validate(params: SamplingParams, vocab_size: int) -> None:
 
 
 def _max_tokens(
-    body: dict[str, Any], name: str, default: int | None, prompts: list[list[int]], limit: int
+    body: dict[str, Any], name: str, default: int | None, prompts: list[list[int]], limit: int, low: int = 1
 ) -> int:
-    """``max_tokens`` checked against the context: every prompt plus it must fit ``limit``."""
+    """``max_tokens`` (at least ``low``) checked against the context: every prompt plus it must
+    fit ``limit``."""
     longest = max(len(p) for p in prompts)
     if longest >= limit:
         param = "messages" if "messages" in body else "prompt"
         error = bad_request(param, f"the prompt has {longest} tokens; this model's context is {limit} tokens")
         error.code = "context_length_exceeded"
         raise error
-    max_tokens = _int(body, name, default, 1)
+    max_tokens = _int(body, name, default, low)
     if max_tokens is None:
         return limit - longest
     if longest + max_tokens > limit:
@@ -216,18 +217,20 @@ def _finish(
 
 def parse_completion(body: Any, tokenizer: ServingTokenizer, max_model_len: int) -> GenerationRequest:
     """A ``/v1/completions`` body as a ``GenerationRequest`` (``OpenAIError`` 400 naming the
-    field that is wrong or unsupported). ``max_tokens`` defaults to 16, as in the OpenAI API."""
+    field that is wrong or unsupported). ``max_tokens`` defaults to 16, as in the OpenAI API; with
+    ``echo`` it may be 0 (the prompt alone, e.g. to score it with ``logprobs``), and ``logprobs``
+    then covers the prompt's tokens too (the first has none)."""
     _check_fields(body, COMPLETION_FIELDS)
     if not _present(body, "prompt"):
         raise bad_request("prompt", "prompt is required")
     prompts = _prompt_tokens(body["prompt"], tokenizer)
-    max_tokens = _max_tokens(body, "max_tokens", 16, prompts, max_model_len)
+    echo = _bool(body, "echo")
+    max_tokens = _max_tokens(body, "max_tokens", 16, prompts, max_model_len, low=0 if echo else 1)
     logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
     request = _finish(body, prompts, max_tokens, logprobs, tokenizer.vocab_size)
-    request.echo = _bool(body, "echo")
-    if request.echo and logprobs is not None:
-        raise bad_request("echo", "echo together with logprobs is not supported")
-    request.top_logprobs = logprobs
+    request.echo, request.top_logprobs = echo, logprobs
+    if echo and logprobs is not None:
+        request.params = replace(request.params, prompt_logprobs=True)
     return request
 
 

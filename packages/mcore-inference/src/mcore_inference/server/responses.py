@@ -65,16 +65,46 @@ def completion_logprobs(
 ) -> dict[str, Any]:
     """The completions ``logprobs`` object: tokens, their log-probabilities, the alternatives and
     each token's offset in the text (the first at ``offset``)."""
-    tokens = [tokenizer.token_text(t) for t in output.token_ids]
+    return _logprobs_object(output.token_ids, output.logprobs, output.top_logprobs, tokenizer, offset)
+
+
+def echo_logprobs(
+    prompt: Sequence[int],
+    logprobs: Sequence[float | None],
+    top_logprobs: Sequence[dict[int, float] | None],
+    tokenizer: ServingTokenizer,
+) -> dict[str, Any]:
+    """The completions ``logprobs`` object of an echoed prompt, its text starting at offset 0;
+    the first token has no log-probability and no alternatives (``None``)."""
+    return _logprobs_object(prompt, logprobs, top_logprobs, tokenizer, 0)
+
+
+def joined_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two completions ``logprobs`` objects of consecutive text as one (echoed prompt, then output)."""
+    top = (first["top_logprobs"] or []) + (second["top_logprobs"] or [])
+    joined = {key: first[key] + second[key] for key in ("tokens", "token_logprobs", "text_offset")}
+    return {**joined, "top_logprobs": top or None}
+
+
+def _logprobs_object(
+    token_ids: Sequence[int],
+    logprobs: Sequence[float | None],
+    top_logprobs: Sequence[dict[int, float] | None],
+    tokenizer: ServingTokenizer,
+    offset: int,
+) -> dict[str, Any]:
+    tokens = [tokenizer.token_text(t) for t in token_ids]
     offsets = []
     for text in tokens:
         offsets.append(offset)
         offset += len(text)
+    tops = [
+        None if top is None else {tokenizer.token_text(t): p for t, p in top.items()} for top in top_logprobs
+    ]
     return {
         "tokens": tokens,
-        "token_logprobs": output.logprobs,
-        "top_logprobs": [{tokenizer.token_text(t): p for t, p in top.items()} for top in output.top_logprobs]
-        or None,
+        "token_logprobs": list(logprobs),
+        "top_logprobs": tops or None,
         "text_offset": offsets,
     }
 
