@@ -71,7 +71,6 @@ class Request:
     generated_logprobs: list[float] = field(default_factory=list)
     generated_top_logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
-    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     token_timestamps: list[float] = field(default_factory=list)
     events: list[RequestEvent] = field(default_factory=list)
     finish_reason: str | None = None
@@ -82,6 +81,7 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
     future: Future = field(default_factory=Future)
+    prompt_top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.tokens:
