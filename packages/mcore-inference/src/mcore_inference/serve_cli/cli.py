@@ -22,7 +22,6 @@ from mcore_parallel import ConfigError, add_dataclass_arguments, dataclass_from_
 from ..client import InferenceClient
 from ..coordinator import InferenceCoordinator
 from ..server import build_app, build_server, load_chat_template
-from ..server.serve import new_event_loop
 from ..server.tokenizer import TokenizerAdapter
 from .config import EngineProcessConfig, ServeConfig
 from .engine_process import start_engine_processes, stop_engine_processes, watch_engine_groups
@@ -136,8 +135,7 @@ def _serve_until_signal(
         await task
 
     signals.serving = True
-    with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        runner.run(run())
+    asyncio.run(run())
 
 
 def _shut_down(coordinator: InferenceCoordinator, processes: list[BaseProcess]) -> None:
