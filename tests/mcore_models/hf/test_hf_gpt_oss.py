@@ -1,7 +1,8 @@
 """Logit parity with Hugging Face GPT-OSS: sink attention, alternating sliding-window and full
 attention layers, YaRN, attention biases, a router with a bias, experts with biases running the
 clamped SwiGLU. TP=1 with sequential and grouped experts, TP=2 (attention and sinks sharded,
-experts replicated); import, and export + HF reload.
+experts replicated), experts split over expert-TP ranks (ETP = 2, also with EP = 2); import, and
+export + HF reload.
 
 Oracle: a random-weight ``transformers`` ``GptOssForCausalLM`` (fp32, eager attention) whose
 expert projections, biases, router bias and sinks are redrawn large enough that the clamp, the
@@ -130,6 +131,17 @@ def test_import_export_logit_parity(grouped, tp, checkpoint, hf_logits, moe_impo
     assert config["rope_parameters"]["rope_type"] == "yarn"
     reload_error = (hf_logits(exported, ids) - reference).abs().max().item()
     assert reload_error <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("tp", "etp", "ep", "grouped"),
+    [(1, 2, 1, False), (2, 2, 1, True), (1, 2, 2, True), (2, 2, 2, False)],
+    ids=["tp1-etp2", "tp2-etp2-grouped", "tp1-etp2-ep2-grouped", "tp2-etp2-ep2"],
+)
+def test_expert_tensor_parallel_import_export(tp, etp, ep, grouped, checkpoint, split_experts_parity):
+    """Experts (and FC1's biases) split over expert-TP ranks, FC2's bias whole on each: import
+    parity, export + HF reload, and the export equals the one-process export."""
+    split_experts_parity(*checkpoint, TOLERANCE, tp, etp, ep, grouped)
 
 
 @pytest.mark.parametrize(

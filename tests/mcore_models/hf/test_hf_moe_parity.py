@@ -1,6 +1,7 @@
 """Logit parity with Hugging Face MoE models (Mixtral, Qwen2-MoE with its gated shared expert,
 Qwen3-MoE): TP=1 with sequential and grouped experts, TP=2 (attention and shared expert sharded,
-routed experts replicated), import and export + HF reload.
+routed experts replicated), experts split over expert-TP ranks (ETP = 2, also with EP = 2),
+import and export + HF reload.
 
 Oracle: a random-weight ``transformers`` model of the same config (fp32, eager attention); max
 abs error <= 1e-4 like the dense families. Unsupported MoE layouts fail before weights are read.
@@ -70,6 +71,29 @@ def test_moe_import_export_logit_parity(
         assert error <= TOLERANCE
     reload_error = (hf_logits(exported, ids) - reference).abs().max().item()
     assert reload_error <= TOLERANCE
+
+
+# (tp, etp, ep, grouped): the expert-TP ranks are dense data-parallel ranks (TP = 1), the
+# tensor-parallel ones (TP = 2) or twice as many (TP = 2, ETP = 4); on 4 ranks each expert-TP pair
+# holds half the experts (EP = 2); TP = 2 with whole experts spread over EP = 2.
+ETP_LAYOUTS = {
+    "tp1-etp2": (1, 2, 1, False),
+    "tp2-etp2-grouped": (2, 2, 1, True),
+    "tp1-etp2-ep2-grouped": (1, 2, 2, True),
+    "tp2-etp4": (2, 4, 1, False),
+    "tp2-etp1-ep2": (2, 1, 2, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "layout"),
+    [("mixtral", layout) for layout in ETP_LAYOUTS]
+    + [("qwen2-moe-shared-gate", "tp2-etp2-grouped"), ("qwen3-moe", "tp1-etp2")],
+)
+def test_expert_tensor_parallel_import_export(case, layout, hf_checkpoints, split_experts_parity):
+    """Experts split over expert-TP ranks: import parity, export + HF reload, export = ETP 1 export."""
+    directory, ids, reference = hf_checkpoints(case)
+    split_experts_parity(directory, ids, reference, TOLERANCE, *ETP_LAYOUTS[layout])
 
 
 def test_routing_matters(hf_checkpoints, run_distributed, model_parallel):

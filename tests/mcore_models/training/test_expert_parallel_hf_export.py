@@ -1,6 +1,7 @@
 """``--export-hf`` with expert parallelism: the checkpoint an EP = 2 run writes is, tensor for
 tensor, the one an EP = 1 run writes from the same weights (its final checkpoint, loaded at EP = 1
-and exported without training further), and ``transformers`` reloads it with our model's logits."""
+and exported without training further), and ``transformers`` reloads it with our model's logits;
+likewise with experts split over expert-tensor-parallel ranks (ETP = 2)."""
 
 import dataclasses
 
@@ -78,3 +79,28 @@ def test_ep2_export_equals_the_ep1_export_of_the_same_weights(
     (logits,) = run_distributed(checkpoint_logits, 1, ep2, hf.config.vocab_size, checkpoints, tokens)
     with torch.no_grad():
         torch.testing.assert_close(hf(tokens).logits, logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "ep, world, grouped", [(1, 2, False), (2, 4, True)], ids=["etp2-sequential", "etp2-ep2-grouped"]
+)
+def test_etp2_export_equals_the_one_process_export_of_the_same_weights(
+    ep, world, grouped, run_distributed, tiny_configs, tmp_path
+):
+    """Experts split over 2 expert-TP ranks (the dense data-parallel ranks at TP = 1; with EP = 2 on
+    4 ranks): those ranks take part, one writes, and the files are those one process writes
+    from the run's final checkpoint."""
+    split = _moe_configs(tiny_configs, tmp_path / "etp2", ep, grouped, 1, export_hf=str(tmp_path / "hf-etp2"))
+    split.model = dataclasses.replace(split.model, expert_tensor_parallel_size=2)
+    run_distributed(pretrain, world, split, timeout=120)
+    checkpoints = str(tmp_path / "etp2" / "checkpoints")
+    one = _moe_configs(
+        tiny_configs, tmp_path / "one", 1, grouped, 1, export_hf=str(tmp_path / "hf-one"), load=checkpoints
+    )
+    (report,) = [r for r in run_distributed(pretrain, 1, one, timeout=120) if r is not None]
+    assert report["resumed_from"] == 2 and report["iterations_run"] == 0
+
+    ours, reference = _exported(tmp_path / "hf-etp2"), _exported(tmp_path / "hf-one")
+    assert ours.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(ours[name], tensor), name

@@ -241,11 +241,6 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
         (2, ["--expert-tensor-parallel-size", "2", "--fsdp"], "expert_tensor_parallel_size, fsdp"),
         (
             2,
-            ["--expert-tensor-parallel-size", "2", "--export-hf", "hf"],
-            "expert_tensor_parallel_size, export_hf",
-        ),
-        (
-            2,
             [
                 "--expert-tensor-parallel-size",
                 "1",
@@ -259,7 +254,7 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
             "seq_length, micro_batch_size, tensor_model_parallel_size",
         ),
     ],
-    ids=["etp-x-ep-does-not-divide-the-ranks", "fsdp", "export-hf", "tokens-not-divisible-by-tp"],
+    ids=["etp-x-ep-does-not-divide-the-ranks", "fsdp", "tokens-not-divisible-by-tp"],
 )
 def test_invalid_expert_tensor_parallel_layouts_are_refused(world, argv, fields):
     base = ["--num-moe-experts", "4", "--moe-router-topk", "2"]

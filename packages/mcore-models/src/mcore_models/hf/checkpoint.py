@@ -13,7 +13,13 @@ from mcore_parallel import ProcessGroupCollection
 from ..config.transformer_config import TransformerConfig
 from ..models.gpt.model import GPTModel
 from ..transformer.process_groups import resolve_process_groups
-from .expert_parallel import expert_parallel_group, gather_expert_parallel_state
+from .expert_parallel import (
+    expert_parallel_group,
+    expert_tensor_parallel_group,
+    gather_expert_parallel_state,
+    gather_expert_tensor_parallel_state,
+    local_expert_state,
+)
 from .io import read_hf_config, read_hf_generation_config, read_hf_weights, write_hf_checkpoint
 from .kv_heads import deduplicate_kv_heads, query_groups_for_tp, replicate_kv_heads
 from .registry import mapping_for
@@ -67,6 +73,12 @@ def import_hf_checkpoint(
       copied so every rank holds the one its query heads use: ``config.num_query_groups`` is the
       TP size and the KV cache holds one head per rank.
 
+    MoE experts: with ``expert_model_parallel_size`` (an override, the size of the groups' ``ep``)
+    each rank keeps its experts; with ``expert_tensor_parallel_size`` (an override, the size of the
+    groups' ``expert_tp``) each rank keeps its slices of each of them, as the layers split them:
+    FC1's rows (of the gate and of the up half apiece) and bias, FC2's columns; FC2's bias whole.
+    Override sizes that differ from the groups' raise ``ValueError`` (from ``MoELayer``).
+
     The model is returned in eval mode and remembers its ``hf_model_type`` and
     ``hf_num_key_value_heads`` (what export writes back). Its
     ``bos_token_id``, ``eos_token_ids`` and ``pad_token_id`` come from ``generation_config.json``
@@ -77,7 +89,6 @@ def import_hf_checkpoint(
     config, vocab_size = hf_to_transformer_config(
         hf_config, tensor_model_parallel_size=dist.get_world_size(groups.tp), **config_overrides
     )
-    _refuse_split_experts(config)
     mapping = mapping_for(hf_config["model_type"])
     special_tokens = special_tokens_from_hf(
         hf_config, read_hf_generation_config(directory), mapping.special_token_defaults
@@ -91,6 +102,7 @@ def import_hf_checkpoint(
     for name in _VOCAB_ROWS:
         if name in state:
             state[name] = _pad_rows(state[name], model.padded_vocab_size)
+    local_expert_state(model, state)
     load_full_state_dict(model, state, groups.tp)
     model.hf_model_type = mapping.model_type
     model.hf_num_key_value_heads = hf_kv_heads
@@ -99,15 +111,6 @@ def import_hf_checkpoint(
 
 # The state-dict tensors with one row per vocabulary id.
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
-
-
-def _refuse_split_experts(config: TransformerConfig) -> None:
-    """Hugging Face checkpoints are read and written with whole experts only."""
-    if config.expert_tensor_parallel_size not in (None, 1):
-        raise ValueError(
-            f"expert_tensor_parallel_size {config.expert_tensor_parallel_size}: Hugging Face import and export "
-            "do not handle experts split over expert-tensor-parallel ranks yet; use 1 or leave it unset"
-        )
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -122,10 +125,12 @@ def export_hf_checkpoint(
     num_key_value_heads: int | None = None,
 ) -> None:
     """Write ``model`` as an HF checkpoint ``from_pretrained`` loads (collective over its TP group
-    and, with experts spread over an expert-parallel group, over that group too: the experts are
-    gathered one tensor at a time and the checkpoint equals an EP = 1 export; the rank that is TP
-    rank 0 and expert-parallel rank 0 writes). With data-parallel replicas, call it on the ranks of
-    one replica. ``model_type`` defaults to the family the model was imported from. The
+    and, with experts split over an expert-tensor-parallel group or spread over an expert-parallel
+    group, over those groups too: the slices, then the experts, are gathered one tensor at a time
+    and the checkpoint equals an export with every expert whole on one rank (ETP = EP = 1); the
+    rank that is rank 0 of each of these groups writes). With data-parallel replicas, call it on
+    the ranks that together hold one copy of every weight (with ETP > TP these span several dense
+    data-parallel ranks). ``model_type`` defaults to the family the model was imported from. The
     model's special token ids go into ``config.json`` and ``generation_config.json``.
 
     The vocabulary padding is dropped (``model.vocab_size`` rows). ``num_key_value_heads``
@@ -138,7 +143,6 @@ def export_hf_checkpoint(
         raise ValueError("model_type is required for a model that was not imported from Hugging Face")
     mapping = mapping_for(model_type)
     config = model.config
-    _refuse_split_experts(config)
     hf_config = mapping.config_to_hf(config, model.vocab_size)  # validate before communicating
     if num_key_value_heads is not None and num_key_value_heads < 1:
         raise ValueError(f"num_key_value_heads must be >= 1, got {num_key_value_heads}")
@@ -149,8 +153,9 @@ def export_hf_checkpoint(
         raise ValueError(
             f"num_key_value_heads ({kv_heads}) must divide config.num_query_groups ({config.num_query_groups})"
         )
-    ep_group = expert_parallel_group(model)
+    ep_group, etp_group = expert_parallel_group(model), expert_tensor_parallel_group(model)
     state = gather_full_state_dict(model, model.tp_group)
+    gather_expert_tensor_parallel_state(model, state)
     if ep_group is not None:
         gather_expert_parallel_state(model, state)
     for name in _VOCAB_ROWS:
@@ -160,13 +165,13 @@ def export_hf_checkpoint(
     if kv_heads != config.num_query_groups:  # on every rank, so an error leaves none waiting
         weights = deduplicate_kv_heads(weights, config.num_query_groups // kv_heads, config.kv_channels)
         hf_config["num_key_value_heads"] = kv_heads
-    if dist.get_rank(model.tp_group) == 0 and (ep_group is None or dist.get_rank(ep_group) == 0):
+    groups = [g for g in (model.tp_group, ep_group, etp_group) if g is not None]
+    if all(dist.get_rank(g) == 0 for g in groups):
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             config.params_dtype
         ]
         special_tokens = special_tokens_to_hf(model)
         hf_config |= {"model_type": model_type, "architectures": [mapping.architecture], "dtype": dtype}
         write_hf_checkpoint(directory, hf_config | special_tokens, weights, special_tokens)
-    dist.barrier(group=model.tp_group)
-    if ep_group is not None:
-        dist.barrier(group=ep_group)
+    for group in groups:
+        dist.barrier(group=group)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..transformer.moe.expert_sharding import EXPERT_TP_DIM, shard, unshard
+from ..transformer.moe.expert_sharding import EXPERT_TP_DIM, gather_slices, shard
 
 
 @dataclass
@@ -27,9 +27,7 @@ def whole_expert_tensor(
 ) -> torch.Tensor:
     """``tensor`` (``param``'s slice, or a state of it) gathered whole over ``group`` (collective);
     with ``slice_back``, a load into the result is remembered for ``copy_slices_back``."""
-    pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, tensor.contiguous(), group=group)
-    whole = unshard(pieces, getattr(param, EXPERT_TP_DIM), getattr(param, "gated_halves", False))
+    whole = gather_slices(tensor, param, group)
     if slice_back is not None:
         slice_back.append(SliceBack(whole, tensor, param, group))
     return whole

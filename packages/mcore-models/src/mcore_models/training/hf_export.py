@@ -2,8 +2,9 @@
 
 A dense model is written as Llama; an MoE model as the first of Mixtral, Qwen3-MoE and Qwen2-MoE
 whose layout it has (Mixtral: no biases; Qwen3-MoE: qk-norm; Qwen2-MoE: q/k/v biases and a gated
-shared expert). With expert parallelism the ranks holding one copy of every expert take part (the
-expert-parallel groups of data-parallel rank 0) and one of them writes.
+shared expert). With expert (tensor) parallelism the ranks holding one copy of every expert take
+part (the expert-parallel and expert-tensor-parallel peers of data-parallel rank 0) and one of
+them writes.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ def export_final_model(model, groups: ProcessGroupCollection, directory: str, to
     model.eos_token_ids, model.pad_token_id = (tokenizer.eod_id,), tokenizer.pad_id
     writer_replica = all(dist.get_rank(g) == 0 for g in (groups.dp, groups.cp) if g is not None)
     takes_part = torch.tensor([float(writer_replica)], device=get_group_device(groups.tp))
-    # the expert-parallel peers holding the writing replica's other experts join it
-    if groups.ep is not None and dist.get_world_size(groups.ep) > 1:
-        dist.all_reduce(takes_part, op=dist.ReduceOp.MAX, group=groups.ep)
+    # the expert-parallel peers holding the writing replica's other experts, and the expert-TP
+    # peers holding the other slices of them, join it
+    for group in (groups.ep, groups.expert_tp):
+        if group is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(takes_part, op=dist.ReduceOp.MAX, group=group)
     if takes_part.item():
         export_hf_checkpoint(model, directory, model_type=hf_model_type(model.config))
     dist.barrier()

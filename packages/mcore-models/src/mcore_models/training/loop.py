@@ -161,7 +161,7 @@ def _check_expert_parallel(configs: TrainConfigs, world_size: int) -> None:
 
 def _check_expert_tensor_parallel(configs: TrainConfigs) -> None:
     """With ``expert_tensor_parallel_size`` set, the tensor-parallel ranks split each micro-batch's
-    tokens among them for the experts; split experts are not written by ``--fsdp`` or ``--export-hf``."""
+    tokens among them for the experts; ``--fsdp`` does not shard split experts."""
     model, training = configs.model, configs.training
     etp, tp = model.expert_tensor_parallel_size, model.tensor_model_parallel_size
     if etp is None:
@@ -173,13 +173,12 @@ def _check_expert_tensor_parallel(configs: TrainConfigs) -> None:
             f"with expert_tensor_parallel_size set the {tp} tensor-parallel ranks split each micro-batch's "
             f"{tokens} tokens (per context-parallel rank) among them: make it a multiple of {tp}",
         )
-    for flag, on in (("fsdp", training.fsdp), ("export_hf", training.export_hf)):
-        if etp > 1 and on:
-            raise ConfigError(
-                ["expert_tensor_parallel_size", flag],
-                f"{flag} does not handle experts split over expert-tensor-parallel ranks yet; "
-                "use expert_tensor_parallel_size 1 (or leave it unset) with it",
-            )
+    if etp > 1 and training.fsdp:
+        raise ConfigError(
+            ["expert_tensor_parallel_size", "fsdp"],
+            "fsdp does not handle experts split over expert-tensor-parallel ranks yet; "
+            "use expert_tensor_parallel_size 1 (or leave it unset) with it",
+        )
 
 
 def _check_context_parallel(configs: TrainConfigs) -> None:

@@ -57,6 +57,14 @@ def unshard(pieces: list[torch.Tensor], dim: int, gated: bool) -> torch.Tensor:
     return torch.cat([torch.cat([h[0] for h in halves], dim), torch.cat([h[1] for h in halves], dim)], dim)
 
 
+def gather_slices(tensor: torch.Tensor, param: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The whole tensor of ``tensor`` (this rank's slice of the sharded ``param``, or a state of
+    it), gathered over ``group`` (collective)."""
+    pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, tensor.contiguous(), group=group)
+    return unshard(pieces, getattr(param, EXPERT_TP_DIM), getattr(param, "gated_halves", False))
+
+
 def shard_expert_state(full: dict, experts: torch.nn.Module, group: dist.ProcessGroup | None) -> dict:
     """``full`` (an unsharded state dict of ``experts``' shape) cut to this rank's slices, as the
     parameters of ``experts`` are tagged."""
