@@ -189,8 +189,19 @@ def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world
             dict(distributed_optimizer=True),
         ),
         (2, 1, 2, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True), dict()),
+        # context parallelism: each CP rank's tokens split again over the expert-TP ranks
+        (1, 2, 1, dict(moe_token_dispatcher_type="alltoall"), dict(cp=2)),
+        (2, 2, 1, dict(moe_token_dispatcher_type="allgather", add_bias_linear=True), dict(cp=2)),
+        (1, 2, 2, dict(moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall"), dict(cp=2)),
     ],
-    ids=["etp2-ep1-sequential-alltoall", "etp2-ep2-grouped-allgather-distopt", "tp2-etp1-ep2-bias"],
+    ids=[
+        "etp2-ep1-sequential-alltoall",
+        "etp2-ep2-grouped-allgather-distopt",
+        "tp2-etp1-ep2-bias",
+        "cp2-etp2-sequential-alltoall",
+        "tp2-cp2-etp2-allgather-bias",
+        "cp2-etp2-ep2-grouped-alltoall",
+    ],
 )
 def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     tp, etp, ep, extra, layout, run_distributed, tiny_configs, tmp_path
@@ -199,15 +210,50 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     expert slice counted once), parameter count and final weights of the same model trained on
     one process."""
     layout = dict(global_batch=8, **layout)
+    cp = layout.pop("cp", 1)  # the oracle runs on one process, without context parallelism
     one = _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra)
     oracle, norms = _run_logging_norms(run_distributed, one, 1)
     configs = _moe(
-        tiny_configs(tmp_path / "etp", 3, tp=tp, **layout), ep, expert_tensor_parallel_size=etp, **extra
+        tiny_configs(tmp_path / "etp", 3, tp=tp, cp=cp, **layout),
+        ep,
+        expert_tensor_parallel_size=etp,
+        **extra,
     )
     report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
     assert f"ETP={etp}" in report["layout"]
+    assert ("CP=2" in report["layout"]) == (cp == 2)
     assert report["parameters"] == oracle["parameters"]
     assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
+    assert_same_training(report, oracle)
+
+
+@needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
+@pytest.mark.parametrize(
+    "tp, layout",
+    [(2, dict()), (1, dict(distributed_optimizer=True))],
+    ids=["tp2-etp2-pp2", "tp1-etp2-pp2-dp2-distributed-optimizer"],
+)
+def test_expert_tensor_parallel_with_pipeline_parallel_continues_like_one_process(
+    tp, layout, run_distributed, tiny_configs, checkpoint_at, tmp_path
+):
+    """ETP = 2 x PP = 2 on four ranks (EP = 2 does not fit: a stage has two ranks). Pipeline stages
+    draw their initial weights from other seeds than one process (see test_moe_pipeline_training),
+    so the layout continues one process's checkpoint of iteration 2: iterations 3-4 must give the
+    one process's losses, gradient norms and final weights."""
+    layout = dict(global_batch=8, save_interval=2, **layout)
+    extra = dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)
+    oracle, norms = _run_logging_norms(
+        run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **layout), **extra), 1
+    )
+    source = checkpoint_at(tmp_path / "one" / "checkpoints", 2, tmp_path / "at-2")
+    configs = tiny_configs(tmp_path / "etp", 4, tp=tp, pp=2, load=str(source), **layout)
+    report, etp_norms = _run_logging_norms(
+        run_distributed, _moe(configs, expert_tensor_parallel_size=2, **extra), 4
+    )
+    assert "PP=2" in report["layout"] and "ETP=2" in report["layout"]
+    assert report["resumed_from"] == 2 and report["iterations_run"] == 2
+    assert report["parameters"] == oracle["parameters"]
+    assert etp_norms == pytest.approx({step: norms[step] for step in (3, 4)}, rel=1e-4)
     assert_same_training(report, oracle)
 
 
@@ -238,6 +284,18 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
             ["--expert-tensor-parallel-size", "4", "--expert-model-parallel-size", "2"],
             "expert_model_parallel_size, expert_tensor_parallel_size, nproc_per_node",
         ),
+        (
+            4,
+            [
+                "--expert-tensor-parallel-size",
+                "2",
+                "--expert-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ],
+            "expert_model_parallel_size, expert_tensor_parallel_size, nproc_per_node",
+        ),
         (2, ["--expert-tensor-parallel-size", "2", "--fsdp"], "expert_tensor_parallel_size, fsdp"),
         (
             2,
@@ -254,7 +312,12 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
             "seq_length, micro_batch_size, tensor_model_parallel_size",
         ),
     ],
-    ids=["etp-x-ep-does-not-divide-the-ranks", "fsdp", "tokens-not-divisible-by-tp"],
+    ids=[
+        "etp-x-ep-does-not-divide-the-ranks",
+        "etp-x-ep-does-not-divide-a-pipeline-stage",
+        "fsdp",
+        "tokens-not-divisible-by-tp",
+    ],
 )
 def test_invalid_expert_tensor_parallel_layouts_are_refused(world, argv, fields):
     base = ["--num-moe-experts", "4", "--moe-router-topk", "2"]
