@@ -229,28 +229,41 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
 
 @needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
 @pytest.mark.parametrize(
-    "tp, layout",
-    [(2, dict()), (1, dict(distributed_optimizer=True))],
-    ids=["tp2-etp2-pp2", "tp1-etp2-pp2-dp2-distributed-optimizer"],
+    "tp, layout, extra",
+    [
+        (2, dict(), dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)),
+        (
+            1,
+            dict(distributed_optimizer=True),
+            dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True),
+        ),
+        (1, dict(vpp=2), dict(moe_token_dispatcher_type="allgather", moe_grouped_gemm=True)),
+    ],
+    ids=[
+        "tp2-etp2-pp2-bias",
+        "tp1-etp2-pp2-dp2-distributed-optimizer-bias",
+        "tp1-etp2-pp2-vpp2-grouped-allgather",
+    ],
 )
 def test_expert_tensor_parallel_with_pipeline_parallel_continues_like_one_process(
-    tp, layout, run_distributed, tiny_configs, checkpoint_at, tmp_path
+    tp, layout, extra, run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
     """ETP = 2 x PP = 2 on four ranks (EP = 2 does not fit: a stage has two ranks). Pipeline stages
     draw their initial weights from other seeds than one process (see test_moe_pipeline_training),
     so the layout continues one process's checkpoint of iteration 2: iterations 3-4 must give the
     one process's losses, gradient norms and final weights."""
     layout = dict(global_batch=8, save_interval=2, **layout)
-    extra = dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)
+    vpp = layout.pop("vpp", None)  # the oracle runs on one process, without pipeline stages
     oracle, norms = _run_logging_norms(
         run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **layout), **extra), 1
     )
     source = checkpoint_at(tmp_path / "one" / "checkpoints", 2, tmp_path / "at-2")
-    configs = tiny_configs(tmp_path / "etp", 4, tp=tp, pp=2, load=str(source), **layout)
+    configs = tiny_configs(tmp_path / "etp", 4, tp=tp, pp=2, vpp=vpp, load=str(source), **layout)
     report, etp_norms = _run_logging_norms(
         run_distributed, _moe(configs, expert_tensor_parallel_size=2, **extra), 4
     )
     assert "PP=2" in report["layout"] and "ETP=2" in report["layout"]
+    assert ("VPP=2" in report["layout"]) == (vpp == 2)
     assert report["resumed_from"] == 2 and report["iterations_run"] == 2
     assert report["parameters"] == oracle["parameters"]
     assert etp_norms == pytest.approx({step: norms[step] for step in (3, 4)}, rel=1e-4)
