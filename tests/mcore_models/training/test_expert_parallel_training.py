@@ -193,6 +193,8 @@ def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world
         (1, 2, 1, dict(moe_token_dispatcher_type="alltoall"), dict(cp=2)),
         (2, 2, 1, dict(moe_token_dispatcher_type="allgather", add_bias_linear=True), dict(cp=2)),
         (1, 2, 2, dict(moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall"), dict(cp=2)),
+        (2, 2, 1, dict(moe_token_dispatcher_type="alltoall"), dict(cp=2, cp_comm_type="all_gather")),
+        (2, 1, 2, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True), dict(cp=2)),
     ],
     ids=[
         "etp2-ep1-sequential-alltoall",
@@ -201,6 +203,8 @@ def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world
         "cp2-etp2-sequential-alltoall",
         "tp2-cp2-etp2-allgather-bias",
         "cp2-etp2-ep2-grouped-alltoall",
+        "tp2-cp2-all-gather-etp2-alltoall",
+        "tp2-cp2-etp1-ep2-bias",
     ],
 )
 def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
@@ -210,18 +214,19 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     expert slice counted once), parameter count and final weights of the same model trained on
     one process."""
     layout = dict(global_batch=8, **layout)
-    cp = layout.pop("cp", 1)  # the oracle runs on one process, without context parallelism
+    # the oracle runs on one process, without context parallelism
+    split = {key: layout.pop(key) for key in ("cp", "cp_comm_type") if key in layout}
     one = _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra)
     oracle, norms = _run_logging_norms(run_distributed, one, 1)
     configs = _moe(
-        tiny_configs(tmp_path / "etp", 3, tp=tp, cp=cp, **layout),
+        tiny_configs(tmp_path / "etp", 3, tp=tp, **split, **layout),
         ep,
         expert_tensor_parallel_size=etp,
         **extra,
     )
     report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
     assert f"ETP={etp}" in report["layout"]
-    assert ("CP=2" in report["layout"]) == (cp == 2)
+    assert ("CP=2" in report["layout"]) == (split.get("cp") == 2)
     assert report["parameters"] == oracle["parameters"]
     assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
     assert_same_training(report, oracle)
@@ -229,41 +234,49 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
 
 @needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
 @pytest.mark.parametrize(
-    "tp, layout, extra",
+    "tp, etp, ep, layout, extra",
     [
-        (2, dict(), dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)),
+        (2, 2, 1, dict(), dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)),
         (
+            1,
+            2,
             1,
             dict(distributed_optimizer=True),
             dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True),
         ),
-        (1, dict(vpp=2), dict(moe_token_dispatcher_type="allgather", moe_grouped_gemm=True)),
+        (1, 2, 1, dict(vpp=2), dict(moe_token_dispatcher_type="allgather", moe_grouped_gemm=True)),
+        (2, 1, 2, dict(), dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)),
+        (1, 2, 1, dict(cp=2, distributed_optimizer=True), dict(moe_token_dispatcher_type="alltoall")),
     ],
     ids=[
         "tp2-etp2-pp2-bias",
         "tp1-etp2-pp2-dp2-distributed-optimizer-bias",
         "tp1-etp2-pp2-vpp2-grouped-allgather",
+        "tp2-etp1-ep2-pp2-bias",
+        "cp2-etp2-pp2-distributed-optimizer",
     ],
 )
 def test_expert_tensor_parallel_with_pipeline_parallel_continues_like_one_process(
-    tp, layout, extra, run_distributed, tiny_configs, checkpoint_at, tmp_path
+    tp, etp, ep, layout, extra, run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
-    """ETP = 2 x PP = 2 on four ranks (EP = 2 does not fit: a stage has two ranks). Pipeline stages
-    draw their initial weights from other seeds than one process (see test_moe_pipeline_training),
-    so the layout continues one process's checkpoint of iteration 2: iterations 3-4 must give the
-    one process's losses, gradient norms and final weights."""
+    """Expert tensor parallelism with PP = 2 on four ranks: ETP = 2 (EP = 2 beside it does not fit,
+    a stage has two ranks: see the refusals below), or ETP = 1 beside TP = 2 with EP = 2. Pipeline
+    stages draw their initial weights from other seeds than one process (see
+    test_moe_pipeline_training), so the layout continues one process's checkpoint of iteration 2:
+    iterations 3-4 must give the one process's losses, gradient norms and final weights."""
     layout = dict(global_batch=8, save_interval=2, **layout)
-    vpp = layout.pop("vpp", None)  # the oracle runs on one process, without pipeline stages
+    # the oracle runs on one process, without pipeline stages (or context parallelism)
+    vpp, cp = layout.pop("vpp", None), layout.pop("cp", 1)
     oracle, norms = _run_logging_norms(
         run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **layout), **extra), 1
     )
     source = checkpoint_at(tmp_path / "one" / "checkpoints", 2, tmp_path / "at-2")
-    configs = tiny_configs(tmp_path / "etp", 4, tp=tp, pp=2, vpp=vpp, load=str(source), **layout)
+    configs = tiny_configs(tmp_path / "etp", 4, tp=tp, pp=2, vpp=vpp, cp=cp, load=str(source), **layout)
     report, etp_norms = _run_logging_norms(
-        run_distributed, _moe(configs, expert_tensor_parallel_size=2, **extra), 4
+        run_distributed, _moe(configs, ep, expert_tensor_parallel_size=etp, **extra), 4
     )
-    assert "PP=2" in report["layout"] and "ETP=2" in report["layout"]
-    assert ("VPP=2" in report["layout"]) == (vpp == 2)
+    assert "PP=2" in report["layout"] and f"ETP={etp}" in report["layout"]
+    assert ("VPP=2" in report["layout"]) == (vpp == 2) and ("CP=2" in report["layout"]) == (cp == 2)
     assert report["resumed_from"] == 2 and report["iterations_run"] == 2
     assert report["parameters"] == oracle["parameters"]
     assert etp_norms == pytest.approx({step: norms[step] for step in (3, 4)}, rel=1e-4)
