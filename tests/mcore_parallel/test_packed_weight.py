@@ -119,7 +119,9 @@ def _compiled_calls_take_f_linear():
     with torch.no_grad():
         output = compiled(x)
         _, expected = _expected(column, row, x)
-    torch.testing.assert_close(output, expected)
+    # inductor may round the bf16 intermediate differently from eager (torch 2.6: 8e-5 on an
+    # element that is 0 eagerly), hence an absolute tolerance of bf16's scale here
+    torch.testing.assert_close(output, expected, atol=1e-3, rtol=1.6e-2)
     assert column.packed_weight._packed is None  # traced calls never packed
 
 
