@@ -171,7 +171,7 @@ def test_fsdp_etp2_on_four_ranks_trains_like_one_process(ep, extra, run_distribu
     expert-DP = dense DP = 4): one process's losses, gradient norms (each slice, and FC2's bias
     shared by the expert-TP ranks, counted once), parameter count and whole final experts."""
     pytest.importorskip("mcore_fsdp")
-    layout = dict(global_batch=8)
+    layout = dict(global_batch=8, sample_tokens=4)  # the gathered model's greedy sample too
     oracle, norms = _run_logging_norms(
         run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra), 1
     )
@@ -184,6 +184,7 @@ def test_fsdp_etp2_on_four_ranks_trains_like_one_process(ep, extra, run_distribu
     report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
     assert "ETP=2" in report["layout"] and "FSDP" in report["layout"]
     assert report["parameters"] == oracle["parameters"]
+    assert report["sample"] == oracle["sample"] is not None
     assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
     assert_same_training(report, oracle)
 
