@@ -149,3 +149,25 @@ def test_expert_gradient_divide_factor_clipping_and_state_dict(run_distributed, 
         assert loaded.keys() == expected.keys()
         for name in expected:
             torch.testing.assert_close(loaded[name], expected[name], rtol=1e-6, atol=1e-7)
+
+
+def _copies_outside_body(tiny):
+    """The expert gradients taken as held by 2 ranks outside their mesh each (``copies_outside``)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("expert_dp", "ep"))
+    inputs, targets = tiny.batch(0, world)
+    grads = [_reference_grads(tiny, index, expert_divisor=world) for index in (0, 1)]
+    dense = sum(g.pow(2).sum() for name, g in grads[0].items() if not name.startswith("expert."))
+    experts = sum(g.pow(2).sum() for each in grads for name, g in each.items() if name.startswith("expert."))
+    model = _sharded(grid.get_local_rank("ep"), grid, expert_gradient_divide_factor=world)
+    tiny.loss(model(tiny.local(inputs, rank, world)), tiny.local(targets, rank, world)).backward()
+    expert_params = {id(param) for name, param in model.named_parameters() if name.startswith("expert.")}
+    total = model.clip_grad_norm_(
+        math.inf, copies_outside=lambda param: 2 if id(param) in expert_params else 1
+    )
+    return float(total), math.sqrt(float(dense + experts / 2))
+
+
+def test_copies_outside_the_mesh_count_once_in_the_norm(run_distributed, tiny):
+    for total, norm in run_distributed(_copies_outside_body, 4, tiny, timeout=60):
+        assert total == pytest.approx(norm, rel=1e-5)

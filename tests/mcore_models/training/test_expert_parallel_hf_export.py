@@ -82,20 +82,32 @@ def test_ep2_export_equals_the_ep1_export_of_the_same_weights(
 
 
 @pytest.mark.parametrize(
-    "ep, world, grouped", [(1, 2, False), (2, 4, True)], ids=["etp2-sequential", "etp2-ep2-grouped"]
+    "ep, world, grouped, fsdp",
+    [(1, 2, False, False), (2, 4, True, False), (1, 2, False, True)],
+    ids=["etp2-sequential", "etp2-ep2-grouped", "fsdp-etp2-sequential"],
 )
 def test_etp2_export_equals_the_one_process_export_of_the_same_weights(
-    ep, world, grouped, run_distributed, tiny_configs, tmp_path
+    ep, world, grouped, fsdp, run_distributed, tiny_configs, tmp_path
 ):
     """Experts split over 2 expert-TP ranks (the dense data-parallel ranks at TP = 1; with EP = 2 on
     4 ranks): those ranks take part, one writes, and the files are those one process writes
-    from the run's final checkpoint."""
-    split = _moe_configs(tiny_configs, tmp_path / "etp2", ep, grouped, 1, export_hf=str(tmp_path / "hf-etp2"))
+    from the run's final checkpoint; also under mcore-fsdp (one process loading with it too)."""
+    if fsdp:
+        pytest.importorskip("mcore_fsdp")
+    hf_dir = str(tmp_path / "hf-etp2")
+    split = _moe_configs(tiny_configs, tmp_path / "etp2", ep, grouped, 1, fsdp, export_hf=hf_dir)
     split.model = dataclasses.replace(split.model, expert_tensor_parallel_size=2)
     run_distributed(pretrain, world, split, timeout=120)
     checkpoints = str(tmp_path / "etp2" / "checkpoints")
     one = _moe_configs(
-        tiny_configs, tmp_path / "one", 1, grouped, 1, export_hf=str(tmp_path / "hf-one"), load=checkpoints
+        tiny_configs,
+        tmp_path / "one",
+        1,
+        grouped,
+        1,
+        fsdp,
+        export_hf=str(tmp_path / "hf-one"),
+        load=checkpoints,
     )
     (report,) = [r for r in run_distributed(pretrain, 1, one, timeout=120) if r is not None]
     assert report["resumed_from"] == 2 and report["iterations_run"] == 0

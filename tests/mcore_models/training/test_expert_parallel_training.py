@@ -157,6 +157,68 @@ def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
     assert_same_training(again, whole)
 
 
+@needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
+@pytest.mark.parametrize(
+    "ep, extra",
+    [
+        (1, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)),
+        (2, dict(moe_token_dispatcher_type="allgather", moe_grouped_gemm=True)),
+    ],
+    ids=["etp2-expert-dp2-sequential-bias", "etp2-ep2-grouped-allgather"],
+)
+def test_fsdp_etp2_on_four_ranks_trains_like_one_process(ep, extra, run_distributed, tiny_configs, tmp_path):
+    """mcore-fsdp shards expert slices over the expert-data-parallel group (ETP = 2 x EP x
+    expert-DP = dense DP = 4): one process's losses, gradient norms (each slice, and FC2's bias
+    shared by the expert-TP ranks, counted once), parameter count and whole final experts."""
+    pytest.importorskip("mcore_fsdp")
+    layout = dict(global_batch=8, sample_tokens=4)  # the gathered model's greedy sample too
+    oracle, norms = _run_logging_norms(
+        run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra), 1
+    )
+    configs = _moe(
+        tiny_configs(tmp_path / "fsdp-etp2", 3, fsdp=True, **layout),
+        ep,
+        expert_tensor_parallel_size=2,
+        **extra,
+    )
+    report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
+    assert "ETP=2" in report["layout"] and "FSDP" in report["layout"]
+    assert report["parameters"] == oracle["parameters"]
+    assert report["sample"] == oracle["sample"] is not None
+    assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
+    assert_same_training(report, oracle)
+
+
+@pytest.mark.parametrize(
+    "ep, experts",
+    [(1, dict(add_bias_linear=True)), (2, dict(moe_grouped_gemm=True))],
+    ids=["etp2-expert-dp2-sequential-bias", "etp2-ep2-grouped"],
+)
+def test_fsdp_checkpoint_saved_at_etp2_continues_at_etp1_and_back(
+    ep, experts, run_distributed, tiny_configs, checkpoint_at, tmp_path
+):
+    """FSDP checkpoints hold whole experts: FSDP at ETP = 2 (x EP) on 4 ranks -> FSDP at ETP = 1,
+    EP = 1 on 2 ranks (another strategy) at iteration 2 -> the first layout again at iteration 4,
+    each with the uninterrupted run's losses and final weights."""
+    pytest.importorskip("mcore_fsdp")
+    layout = dict(global_batch=8, fsdp=True, save_interval=2)
+    etp = dict(expert_tensor_parallel_size=2, **experts)
+    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "etp2", 5, **layout), ep, **etp), 4)
+    source = checkpoint_at(tmp_path / "etp2" / "checkpoints", 2, tmp_path / "at-2")
+    configs = tiny_configs(tmp_path / "etp1", 5, load=str(source), fsdp_strategy="optim", **layout)
+    resumed = _run(run_distributed, _moe(configs, **experts), 2)
+    assert resumed["resumed_from"] == 2
+    torch.testing.assert_close(train_losses(resumed)[2:], train_losses(whole)[2:], rtol=1e-4, atol=0)
+    assert_same_training(resumed, whole)
+    at_4 = checkpoint_at(tmp_path / "etp1" / "checkpoints", 4, tmp_path / "at-4")
+    again = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), ep, **etp), 4
+    )
+    assert again["resumed_from"] == 4 and again["iterations_run"] == 1
+    torch.testing.assert_close(train_losses(again)[4:], train_losses(whole)[4:], rtol=1e-4, atol=0)
+    assert_same_training(again, whole)
+
+
 @pytest.mark.parametrize(
     "world, argv, fields",
     [
@@ -322,7 +384,11 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
             ],
             "expert_model_parallel_size, expert_tensor_parallel_size, nproc_per_node",
         ),
-        (2, ["--expert-tensor-parallel-size", "2", "--fsdp"], "expert_tensor_parallel_size, fsdp"),
+        (
+            4,
+            ["--expert-tensor-parallel-size", "2", "--fsdp", "--tensor-model-parallel-size", "2"],
+            "fsdp, tensor_model_parallel_size, pipeline_model_parallel_size",
+        ),
         (
             2,
             [
@@ -341,7 +407,7 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
     ids=[
         "etp-x-ep-does-not-divide-the-ranks",
         "etp-x-ep-does-not-divide-a-pipeline-stage",
-        "fsdp",
+        "fsdp-with-tp2",
         "tokens-not-divisible-by-tp",
     ],
 )

@@ -93,11 +93,14 @@ class FSDPModule:
         for unit in self._fsdp_units(recurse):
             unit.reshard_after_backward = bool(reshard_after_backward)
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Scale main gradients so their global norm is at most ``max_norm``; return the norm."""
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, copies_outside: Callable | None = None
+    ) -> torch.Tensor:
+        """Scale main gradients so their global norm is at most ``max_norm``; return the norm.
+        ``copies_outside(param)``: how many ranks outside its mesh hold the same gradient (default 1)."""
         self._fsdp_state.finish_reductions()
         groups = [group for unit in self._fsdp_units() for group in unit.groups]
-        return grad_norm.clip_grad_norm_(groups, max_norm, norm_type)
+        return grad_norm.clip_grad_norm_(groups, max_norm, norm_type, copies_outside)
 
     def state_dict(
         self, *, destination=None, prefix: str = "", keep_vars: bool = False

@@ -4,10 +4,11 @@ The ``GPTModel`` is sharded with ``mcore_fsdp.fully_shard`` over the data-parall
 ``TransformerLayer`` a sharding unit (embedding and output layer form the root unit). Adam/AdamW
 runs on the FP32 main-parameter shards and clips with the model's ``clip_grad_norm_``; checkpoints
 are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
-ranks and any strategy. With expert parallelism the experts shard over the expert-data-parallel
-group, their gradients scaled as DDP scales them, and checkpoints name them globally (see
-``fsdp_experts``), so any expert-parallel size loads them. ``mcore_fsdp`` is imported only here,
-only when ``--fsdp`` is given.
+ranks and any strategy. With expert (or expert-tensor) parallelism the experts shard over the
+expert-data-parallel group, their gradients scaled as DDP scales them, the gradient norm counts
+each expert slice once, and checkpoints name them globally and whole (see ``fsdp_experts``), so
+any expert-parallel and expert-tensor-parallel size loads them. ``mcore_fsdp`` is imported only
+here, only when ``--fsdp`` is given.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ def build_fsdp_train_model(
 ) -> FSDPTrainModel:
     """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at TP = PP = 1), sharded;
     with ``offload_optimizer`` its FP32 main parameters, gradients and so the optimizer state live
-    on the CPU. With expert parallelism the experts shard over ``groups.expert_dp`` and their
-    gradients are divided by the data-parallel size, as DDP divides them.
+    on the CPU. With expert (or expert-tensor) parallelism the experts (slices) shard over
+    ``groups.expert_dp`` and their gradients are divided by the data-parallel size, as DDP divides them.
 
     ``TrainModel.ddp`` is the sharded model itself: its ``no_sync`` is what the schedule uses.
     """
@@ -118,14 +119,14 @@ def build_fsdp_train_model(
     # context-parallel ranks hold replicas too: shard over them as over data-parallel ranks
     mesh = groups.dp_cp if model.cp_group is not None else groups.dp
     experts, names = {}, None
-    if groups.ep is not None and dist.get_world_size(groups.ep) > 1:
-        # the expert-parallel exchange brings every data-parallel rank's tokens to the experts
+    if any(group is not None and dist.get_world_size(group) > 1 for group in (groups.ep, groups.expert_tp)):
+        # the expert-(tensor-)parallel exchange brings every data-parallel rank's tokens to the experts
         experts = dict(
             expert_parameters=lambda name, param: getattr(param, "expert_parallel", False),
             expert_mesh=groups.expert_dp,
             expert_gradient_divide_factor=dist.get_world_size(mesh),
         )
-        names = ExpertCheckpointNames(model, groups.ep, groups.expert_dp)
+        names = ExpertCheckpointNames(model, groups.ep, groups.expert_dp, groups.expert_tp)
     fully_shard(
         model,
         mesh=mesh,
@@ -139,10 +140,17 @@ def build_fsdp_train_model(
 
 
 class FSDPOptimizer:
-    """Adam/AdamW on the sharded model's FP32 main-parameter shards, clipped by the global norm."""
+    """Adam/AdamW on the sharded model's FP32 main-parameter shards, clipped by the global norm
+    (with ``expert_names``, each expert tensor that expert-tensor-parallel ranks share counted once)."""
 
-    def __init__(self, model: torch.nn.Module, config: OptimizerConfig):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: OptimizerConfig,
+        expert_names: ExpertCheckpointNames | None = None,
+    ):
         self.model, self.config = model, config
+        self.copies_outside = expert_names.copies_outside_mesh if expert_names is not None else None
         self.optimizer = build_adam_optimizer(model.parameters(), config)
 
     @property
@@ -155,7 +163,9 @@ class FSDPOptimizer:
 
     def step(self) -> float:
         """Clip (``clip_grad`` 0: norm only), step; returns the norm before clipping."""
-        norm = self.model.clip_grad_norm_(self.config.clip_grad or math.inf)
+        norm = self.model.clip_grad_norm_(
+            self.config.clip_grad or math.inf, copies_outside=self.copies_outside
+        )
         self.optimizer.step()
         return float(norm)
 
@@ -218,13 +228,16 @@ def load_fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, 
 
 
 def fsdp_parameter_count(model: FSDPTrainModel) -> int:
-    """Parameters of the whole model, every expert-parallel rank's experts included (collective)."""
+    """Parameters of the whole model, every expert-parallel rank's experts included, whole (collective)."""
     sharded, names = model.chunks[0], model.expert_names
     params = {name for name, _ in sharded.named_parameters()}
     counts = torch.zeros(2, dtype=torch.float64)  # [dense, experts]
     for name, value in sharded.state_dict().items():  # DTensors of the global (per-rank expert) shapes
         if name in params:
-            counts[int(names is not None and names.is_expert(name))] += value.numel()
+            if names is None:
+                counts[0] += value.numel()
+            else:
+                counts[int(names.is_expert(name))] += names.whole_numel(name, value.numel())
     if names is not None:  # each expert-parallel rank holds other experts
         experts = counts[1:].to(get_group_device(names.ep_group))
         dist.all_reduce(experts, group=names.ep_group)

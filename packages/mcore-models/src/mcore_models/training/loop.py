@@ -161,7 +161,7 @@ def _check_expert_parallel(configs: TrainConfigs, world_size: int) -> None:
 
 def _check_expert_tensor_parallel(configs: TrainConfigs) -> None:
     """With ``expert_tensor_parallel_size`` set, the tensor-parallel ranks split each micro-batch's
-    tokens among them for the experts; ``--fsdp`` does not shard split experts."""
+    tokens among them for the experts."""
     model, training = configs.model, configs.training
     etp, tp = model.expert_tensor_parallel_size, model.tensor_model_parallel_size
     if etp is None:
@@ -172,12 +172,6 @@ def _check_expert_tensor_parallel(configs: TrainConfigs) -> None:
             ["seq_length", "micro_batch_size", "tensor_model_parallel_size"],
             f"with expert_tensor_parallel_size set the {tp} tensor-parallel ranks split each micro-batch's "
             f"{tokens} tokens (per context-parallel rank) among them: make it a multiple of {tp}",
-        )
-    if etp > 1 and training.fsdp:
-        raise ConfigError(
-            ["expert_tensor_parallel_size", "fsdp"],
-            "fsdp does not handle experts split over expert-tensor-parallel ranks yet; "
-            "use expert_tensor_parallel_size 1 (or leave it unset) with it",
         )
 
 
@@ -266,7 +260,7 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
                 training.seed,
                 offload_optimizer=configs.optimizer.optimizer_cpu_offload,
             )
-            optimizer = FSDPOptimizer(model.ddp, configs.optimizer)
+            optimizer = FSDPOptimizer(model.ddp, configs.optimizer, model.expert_names)
         else:
             model = build_train_model(model_config, vocab_size, groups, configs.ddp, training.seed)
             optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
