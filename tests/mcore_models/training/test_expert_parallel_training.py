@@ -133,25 +133,41 @@ def test_fsdp_ep2_on_four_ranks_trains_like_ep1(grouped, run_distributed, tiny_c
     assert_same_training(report, oracle)
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["sequential-experts", "grouped-experts"])
-def test_fsdp_checkpoint_saved_at_ep2_continues_at_ep1_and_back(
-    grouped, run_distributed, tiny_configs, checkpoint_at, tmp_path
+@pytest.mark.parametrize(
+    "ep, split, experts",
+    [
+        (2, {}, dict(moe_grouped_gemm=False)),
+        (2, {}, dict(moe_grouped_gemm=True)),
+        (1, dict(expert_tensor_parallel_size=2), dict(add_bias_linear=True)),
+        (2, dict(expert_tensor_parallel_size=2), dict(moe_grouped_gemm=True)),
+    ],
+    ids=[
+        "ep2-sequential-experts",
+        "ep2-grouped-experts",
+        "etp2-expert-dp2-sequential-bias",
+        "etp2-ep2-grouped",
+    ],
+)
+def test_fsdp_checkpoint_continues_with_whole_experts_on_two_ranks_and_back(
+    ep, split, experts, run_distributed, tiny_configs, checkpoint_at, tmp_path
 ):
-    """FSDP at EP = 2 x expert-DP = 2 -> FSDP at EP = 1 on 2 ranks (another strategy) at iteration
-    2 -> EP = 2 again at iteration 4, each with the uninterrupted run's losses."""
+    """FSDP checkpoints name experts globally and hold them whole: FSDP at EP = 2 or ETP = 2 (x EP)
+    on 4 ranks -> FSDP with every expert whole on 2 ranks (another strategy) at iteration 2 -> the
+    first layout again at iteration 4, each with the uninterrupted run's losses and final weights."""
     pytest.importorskip("mcore_fsdp")
-    experts, layout = dict(moe_grouped_gemm=grouped), dict(global_batch=8, fsdp=True, save_interval=2)
-    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "ep2", 5, **layout), 2, **experts), 4)
-    source = checkpoint_at(tmp_path / "ep2" / "checkpoints", 2, tmp_path / "at-2")
-    configs = tiny_configs(tmp_path / "ep1", 5, load=str(source), fsdp_strategy="optim", **layout)
+    layout = dict(global_batch=8, fsdp=True, save_interval=2)
+    whole = _run(
+        run_distributed, _moe(tiny_configs(tmp_path / "first", 5, **layout), ep, **split, **experts), 4
+    )
+    source = checkpoint_at(tmp_path / "first" / "checkpoints", 2, tmp_path / "at-2")
+    configs = tiny_configs(tmp_path / "second", 5, load=str(source), fsdp_strategy="optim", **layout)
     resumed = _run(run_distributed, _moe(configs, **experts), 2)
     assert resumed["resumed_from"] == 2
     torch.testing.assert_close(train_losses(resumed)[2:], train_losses(whole)[2:], rtol=1e-4, atol=0)
     assert_same_training(resumed, whole)
-    at_4 = checkpoint_at(tmp_path / "ep1" / "checkpoints", 4, tmp_path / "at-4")
-    again = _run(
-        run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), 2, **experts), 4
-    )
+    at_4 = checkpoint_at(tmp_path / "second" / "checkpoints", 4, tmp_path / "at-4")
+    configs = tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout)
+    again = _run(run_distributed, _moe(configs, ep, **split, **experts), 4)
     assert again["resumed_from"] == 4 and again["iterations_run"] == 1
     torch.testing.assert_close(train_losses(again)[4:], train_losses(whole)[4:], rtol=1e-4, atol=0)
     assert_same_training(again, whole)
@@ -187,36 +203,6 @@ def test_fsdp_etp2_on_four_ranks_trains_like_one_process(ep, extra, run_distribu
     assert report["sample"] == oracle["sample"] is not None
     assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
     assert_same_training(report, oracle)
-
-
-@pytest.mark.parametrize(
-    "ep, experts",
-    [(1, dict(add_bias_linear=True)), (2, dict(moe_grouped_gemm=True))],
-    ids=["etp2-expert-dp2-sequential-bias", "etp2-ep2-grouped"],
-)
-def test_fsdp_checkpoint_saved_at_etp2_continues_at_etp1_and_back(
-    ep, experts, run_distributed, tiny_configs, checkpoint_at, tmp_path
-):
-    """FSDP checkpoints hold whole experts: FSDP at ETP = 2 (x EP) on 4 ranks -> FSDP at ETP = 1,
-    EP = 1 on 2 ranks (another strategy) at iteration 2 -> the first layout again at iteration 4,
-    each with the uninterrupted run's losses and final weights."""
-    pytest.importorskip("mcore_fsdp")
-    layout = dict(global_batch=8, fsdp=True, save_interval=2)
-    etp = dict(expert_tensor_parallel_size=2, **experts)
-    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "etp2", 5, **layout), ep, **etp), 4)
-    source = checkpoint_at(tmp_path / "etp2" / "checkpoints", 2, tmp_path / "at-2")
-    configs = tiny_configs(tmp_path / "etp1", 5, load=str(source), fsdp_strategy="optim", **layout)
-    resumed = _run(run_distributed, _moe(configs, **experts), 2)
-    assert resumed["resumed_from"] == 2
-    torch.testing.assert_close(train_losses(resumed)[2:], train_losses(whole)[2:], rtol=1e-4, atol=0)
-    assert_same_training(resumed, whole)
-    at_4 = checkpoint_at(tmp_path / "etp1" / "checkpoints", 4, tmp_path / "at-4")
-    again = _run(
-        run_distributed, _moe(tiny_configs(tmp_path / "again", 5, load=str(at_4), **layout), ep, **etp), 4
-    )
-    assert again["resumed_from"] == 4 and again["iterations_run"] == 1
-    torch.testing.assert_close(train_losses(again)[4:], train_losses(whole)[4:], rtol=1e-4, atol=0)
-    assert_same_training(again, whole)
 
 
 @pytest.mark.parametrize(
