@@ -609,3 +609,41 @@ def test_a_control_call_returns_on_its_own_ack_only():
     finally:
         thread.join(TIMEOUT)
         router.close()
+
+
+def test_the_client_reader_ends_with_its_loop_while_frames_arrive():
+    """``asyncio.run`` cancels the client's reader at shutdown; a cancellation that lands as a
+    frame arrives must still end it (Python 3.11's ``wait_for`` swallowed exactly that one)."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def flooding_coordinator():  # acks every handshake, then sends heartbeats without pause
+        identities = []
+        while not stop.is_set():
+            while router.poll(0):
+                identity, frame = router.recv_multipart()
+                if decode(frame)[0] is MessageKind.CONNECT:
+                    ack = encode(MessageKind.CONNECT_ACK, version=PROTOCOL_VERSION, state="running")
+                    router.send_multipart([identity, ack])
+                    identities.append(identity)
+            for identity in identities:
+                router.send_multipart([identity, encode(MessageKind.HEARTBEAT, load=0)])
+
+    async def connect_and_leave():
+        await InferenceClient(f"tcp://127.0.0.1:{port}", timeout=TIMEOUT).connect()
+        await asyncio.sleep(0.01)  # frames arrive meanwhile
+
+    flood = threading.Thread(target=flooding_coordinator, daemon=True)
+    flood.start()
+    try:
+        for attempt in range(40):
+            loop_thread = threading.Thread(target=asyncio.run, args=(connect_and_leave(),), daemon=True)
+            loop_thread.start()
+            loop_thread.join(TIMEOUT)
+            assert not loop_thread.is_alive(), f"asyncio.run never returned (attempt {attempt})"
+    finally:
+        stop.set()
+        flood.join(TIMEOUT)
+        router.close()

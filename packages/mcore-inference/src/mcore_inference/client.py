@@ -218,9 +218,9 @@ class InferenceClient:
         interval = min(1.0, self.timeout / 4)
         last_heard = loop.time()
         while True:
-            try:
-                frame = await asyncio.wait_for(sock.recv(), interval)
-            except TimeoutError:
+            # poll, not wait_for(recv()): Python 3.11's wait_for swallows a cancellation that
+            # arrives as a frame does, and this loop then outlives asyncio.run's shutdown
+            if not await sock.poll(interval * 1000, zmq.POLLIN):
                 if not self._pending:
                     last_heard = loop.time()  # nothing to wait for: silence is fine
                 elif loop.time() - last_heard > self.timeout:
@@ -228,6 +228,7 @@ class InferenceClient:
                 else:  # the coordinator answers, so a live one is heard from even when idle
                     self._send(MessageKind.HEARTBEAT, load=len(self._pending))
                 continue
+            frame = await sock.recv(zmq.NOBLOCK)  # ready: completes at once
             last_heard = loop.time()
             try:
                 kind, fields = decode(frame)
