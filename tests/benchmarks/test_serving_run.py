@@ -46,8 +46,8 @@ def _run(model_dir: Path, log_dir: Path, *options: str, timeout: float) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _check_figures(figures: dict, most_in_flight: int) -> None:
-    requests = workload(PROMPTS, SEED, TINY["vocab_size"])
+def _check_figures(figures: dict, most_in_flight: int, seed: int = SEED) -> None:
+    requests = workload(PROMPTS, seed, TINY["vocab_size"])
     assert (figures["completed"], figures["failed"]) == (PROMPTS, 0)
     assert figures["output_tokens"] == sum(n for _, n in requests)  # ignore_eos: exactly max_tokens
     assert figures["prompt_tokens"] == sum(len(p) for p, _ in requests)
@@ -61,10 +61,16 @@ def _check_figures(figures: dict, most_in_flight: int) -> None:
 
 
 @pytest.mark.timeout(600)  # a loaded 2-core machine takes a minute or more to start mcore-serve
-def test_mcore_serve_alone_with_bounded_concurrency(model_dir, tmp_path):
-    results = _run(model_dir, tmp_path, "--no-vllm", "--max-concurrency", "1", timeout=560)
-    assert results["model"] == TINY and results["max_concurrency"] == 1
-    _check_figures(results["mcore"], most_in_flight=1)
+def test_mcore_serve_alone_with_bounded_concurrency_over_two_rounds(model_dir, tmp_path):
+    results = _run(model_dir, tmp_path, "--no-vllm", "--max-concurrency", "1", "--rounds", "2", timeout=560)
+    assert results["model"] == TINY and results["max_concurrency"] == 1 and results["rounds"] == 2
+    first, second = results["mcore"]["rounds"]
+    assert (first["seed"], second["seed"]) == (SEED, SEED + 1)  # new prompts: no prefix cache carries over
+    _check_figures(first, most_in_flight=1, seed=SEED)
+    _check_figures(second, most_in_flight=1, seed=SEED + 1)
+    assert "idle_peer_cpu_s" not in first  # no other server was up
+    for key in ("output_throughput", "p99_ttft_ms", "engines_cpu_s_per_1k_tokens"):
+        assert results["mcore"][key] == pytest.approx((first[key] + second[key]) / 2)  # median of two
     assert results["vllm"] is None and results["mcore_over_vllm"] is None
     assert results["vllm_skipped"] == "--no-vllm"
 
@@ -77,6 +83,7 @@ def test_mcore_serve_and_vllm_serve_side_by_side(model_dir, tmp_path):
     assert (tmp_path / "vllm-serve.log").stat().st_size > 0
     _check_figures(results["mcore"], most_in_flight=PROMPTS)
     _check_figures(results["vllm"], most_in_flight=PROMPTS)
+    assert results["mcore"]["idle_peer_cpu_s"] >= 0 and results["vllm"]["idle_peer_cpu_s"] >= 0  # both up
     ratios = results["mcore_over_vllm"]
     for key in ("request_throughput", "output_throughput", "median_ttft_ms", "p99_itl_ms"):
         assert ratios[key] == pytest.approx(results["mcore"][key] / results["vllm"][key])
