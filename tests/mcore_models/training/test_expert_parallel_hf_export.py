@@ -30,6 +30,20 @@ def _exported(directory) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _export_then_reexport(run_distributed, split, world, one, one_world, split_dir, one_dir):
+    """Run ``split`` (training, exporting to ``split_dir``) on ``world`` ranks, then ``one`` (loading
+    its final checkpoint, exporting to ``one_dir`` without training) on ``one_world``; assert the two
+    exports hold the same tensors, bit for bit."""
+    run_distributed(pretrain, world, split, timeout=120)
+    (report,) = [r for r in run_distributed(pretrain, one_world, one, timeout=120) if r is not None]
+    assert report["resumed_from"] == 2 and report["iterations_run"] == 0
+    ours, reference = _exported(split_dir), _exported(one_dir)
+    assert ours.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(ours[name], tensor), name
+    return ours
+
+
 @pytest.mark.parametrize(
     "grouped, tp, world, fsdp",
     [
@@ -48,9 +62,9 @@ def test_ep2_export_equals_the_ep1_export_of_the_same_weights(
     only the ranks of data-parallel rank 0's expert-parallel group export), also under mcore-fsdp."""
     if fsdp:
         pytest.importorskip("mcore_fsdp")
-    hf_dir = str(tmp_path / "hf-ep2")
-    ep2 = _moe_configs(tiny_configs, tmp_path / "ep2", 2, grouped, tp, fsdp, export_hf=hf_dir)
-    run_distributed(pretrain, world, ep2, timeout=120)
+    ep2 = _moe_configs(
+        tiny_configs, tmp_path / "ep2", 2, grouped, tp, fsdp, export_hf=str(tmp_path / "hf-ep2")
+    )
     checkpoints = str(tmp_path / "ep2" / "checkpoints")
     ep1 = _moe_configs(
         tiny_configs,
@@ -62,14 +76,10 @@ def test_ep2_export_equals_the_ep1_export_of_the_same_weights(
         export_hf=str(tmp_path / "hf-ep1"),
         load=checkpoints,
     )
-    (report,) = [r for r in run_distributed(pretrain, tp, ep1, timeout=120) if r is not None]
-    assert report["resumed_from"] == 2 and report["iterations_run"] == 0
-
-    ours, reference = _exported(tmp_path / "hf-ep2"), _exported(tmp_path / "hf-ep1")
-    assert ours.keys() == reference.keys()
+    ours = _export_then_reexport(
+        run_distributed, ep2, world, ep1, tp, tmp_path / "hf-ep2", tmp_path / "hf-ep1"
+    )
     assert "model.layers.3.block_sparse_moe.experts.3.w2.weight" in ours  # Mixtral, every expert
-    for name, tensor in reference.items():
-        assert torch.equal(ours[name], tensor), name
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf-ep2").eval()
     assert hf.config.model_type == "mixtral" and hf.config.num_local_experts == 4
@@ -94,10 +104,10 @@ def test_etp2_export_equals_the_one_process_export_of_the_same_weights(
     from the run's final checkpoint; also under mcore-fsdp (one process loading with it too)."""
     if fsdp:
         pytest.importorskip("mcore_fsdp")
-    hf_dir = str(tmp_path / "hf-etp2")
-    split = _moe_configs(tiny_configs, tmp_path / "etp2", ep, grouped, 1, fsdp, export_hf=hf_dir)
+    split = _moe_configs(
+        tiny_configs, tmp_path / "etp2", ep, grouped, 1, fsdp, export_hf=str(tmp_path / "hf-etp2")
+    )
     split.model = dataclasses.replace(split.model, expert_tensor_parallel_size=2)
-    run_distributed(pretrain, world, split, timeout=120)
     checkpoints = str(tmp_path / "etp2" / "checkpoints")
     one = _moe_configs(
         tiny_configs,
@@ -109,10 +119,4 @@ def test_etp2_export_equals_the_one_process_export_of_the_same_weights(
         export_hf=str(tmp_path / "hf-one"),
         load=checkpoints,
     )
-    (report,) = [r for r in run_distributed(pretrain, 1, one, timeout=120) if r is not None]
-    assert report["resumed_from"] == 2 and report["iterations_run"] == 0
-
-    ours, reference = _exported(tmp_path / "hf-etp2"), _exported(tmp_path / "hf-one")
-    assert ours.keys() == reference.keys()
-    for name, tensor in reference.items():
-        assert torch.equal(ours[name], tensor), name
+    _export_then_reexport(run_distributed, split, world, one, 1, tmp_path / "hf-etp2", tmp_path / "hf-one")

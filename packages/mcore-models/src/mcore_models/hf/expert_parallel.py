@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from ..transformer.moe import MoELayer
 from ..transformer.moe.expert_names import expert_tensor_parallel_parameters, global_expert_name
+from ..transformer.moe.expert_range import experts_in_range
 from ..transformer.moe.expert_sharding import gather_slices, shard_expert_state
-from ..transformer.moe.moe_layer import _local_expert_state
 
 
 def _moe_layers(model: torch.nn.Module) -> list[tuple[str, MoELayer]]:
@@ -61,7 +61,7 @@ def local_expert_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
     for name, layer in _moe_layers(model):
         prefix = f"{name}.experts."
         experts = {key[len(prefix) :]: state.pop(key) for key in [k for k in state if k.startswith(prefix)]}
-        experts = _local_expert_state(
+        experts = experts_in_range(
             experts, layer.config.num_moe_experts, layer.local_expert_offset, layer.num_local_experts
         )
         experts = shard_expert_state(experts, layer.experts, layer.expert_tp_group)

@@ -12,6 +12,7 @@ from mcore_parallel.parallel_state import get_process_group_collection, model_pa
 from ...config.transformer_config import TransformerConfig
 from ..spec import build_module
 from .aux_loss import attach_aux_loss
+from .expert_range import experts_in_range
 from .expert_sharding import expert_tp_size, shard_expert_state
 from .router_interface import RouterBuilder, RouterInterface, RouterOutput
 from .submodules import MoESubmodules
@@ -86,28 +87,9 @@ def _build_local_experts(
     extra = {} if expert_tp_group is None else {"expert_tp_group": expert_tp_group}
     with torch.random.fork_rng(devices=_random_state_devices()):  # the stream moved on already
         experts = build_module(spec, config, num_local_experts=local, **extra)
-    state = _local_expert_state(everything.state_dict(), total, first, local)
+    state = experts_in_range(everything.state_dict(), total, first, local)
     experts.load_state_dict(shard_expert_state(state, experts, expert_tp_group))
     return experts
-
-
-def _local_expert_state(state: dict, total: int, first: int, local: int) -> dict:
-    """The part of an all-experts state dict (``local_experts.<e>.*`` per expert, or tensors stacked
-    along dim 0 by expert) that holds experts ``first .. first + local - 1``, renumbered from 0."""
-    result = {}
-    for key, value in state.items():
-        parts = key.split(".")
-        if "local_experts" in parts[:-1]:
-            at = parts.index("local_experts") + 1
-            index = int(parts[at])
-            if first <= index < first + local:
-                parts[at] = str(index - first)
-                result[".".join(parts)] = value
-        elif torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == total:
-            result[key] = value[first : first + local]
-        else:
-            result[key] = value
-    return result
 
 
 @experimental_api
