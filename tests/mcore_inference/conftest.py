@@ -1,4 +1,7 @@
-"""Tiny GPT models in a one-process group or split over ranks, and the full-recompute greedy oracle."""
+"""Tiny GPT models in a one-process group or split over ranks, the full-recompute greedy oracle,
+and ``mcore-serve`` called in process for the ways it refuses to start."""
+
+import signal
 
 import pytest
 import torch
@@ -238,3 +241,28 @@ def expected():
     yield tokens
     if owned:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def refused(tmp_path, monkeypatch, capsys):
+    """Call ``mcore-serve ARGS`` in this process, in ``tmp_path``, for a refusal (which loads no
+    weights and starts nothing): its exit status, stdout and stderr. The signal handlers it
+    installs are put back. (The console script's own exit status: ``test_a_port_in_use...``.)"""
+    from mcore_inference.serve_cli.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+
+    def call(args: list[str]) -> tuple[int, str, str]:
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            status = main(args)
+        except SystemExit as exit_:
+            status = exit_.code
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return call

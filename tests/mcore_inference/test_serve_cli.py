@@ -4,7 +4,6 @@ client (oracle: the same checkpoint's in-process engine, greedy, same prompt tok
 SIGTERM; with no MODEL_DIR, ``mcore-train``'s default output; and the ways it refuses to start."""
 
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import openai
 import pytest
-from mcore_inference.serve_cli.cli import main
 from mcore_parallel import find_free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -101,30 +99,8 @@ def test_no_argument_serves_mcore_trains_default_output(model_dir, tmp_path):
     assert "mcore-train-output/checkpoints" in output
 
 
-@pytest.fixture
-def refused(tmp_path, monkeypatch, capsys):
-    """Call ``mcore-serve ARGS`` in this process, in ``tmp_path``, for a refusal (which loads no
-    weights and starts nothing): its exit status and what it wrote to stderr. The signal handlers
-    it installs are put back. (The console script's own exit status: ``test_a_port_in_use...``.)"""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-
-    def call(args: list[str]) -> tuple[int, str]:
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            status = main(args)
-        except SystemExit as exit_:
-            status = exit_.code
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-        return status, capsys.readouterr().err
-
-    return call
-
-
 def test_no_argument_without_default_output_says_how_to_get_one(refused):
-    status, stderr = refused([])
+    status, _, stderr = refused([])
     assert status == 1
     assert "no ./mcore-train-output/checkpoints" in stderr
     assert "uv run mcore-train" in stderr
@@ -132,7 +108,7 @@ def test_no_argument_without_default_output_says_how_to_get_one(refused):
 
 def test_a_directory_that_is_not_a_checkpoint_is_refused(refused, tmp_path):
     (tmp_path / "notes.txt").write_text("not a model")
-    status, stderr = refused([str(tmp_path)])
+    status, _, stderr = refused([str(tmp_path)])
     assert status == 1
     assert "is neither an mcore-train checkpoint" in stderr
     assert "Traceback" not in stderr
@@ -149,7 +125,7 @@ def test_a_port_in_use_is_refused(model_dir, tmp_path):
 
 
 def test_a_max_model_len_beyond_the_models_positions_is_refused(model_dir, refused):
-    status, stderr = refused([str(model_dir), "--max-model-len", "1000"])
+    status, _, stderr = refused([str(model_dir), "--max-model-len", "1000"])
     assert status == 1
     assert "--max-model-len 1000 exceeds the model's maximum position 256" in stderr
 
@@ -165,6 +141,6 @@ def test_a_max_model_len_beyond_the_models_positions_is_refused(model_dir, refus
     ],
 )
 def test_bad_options_are_refused_naming_the_field(model_dir, refused, args, message):
-    status, stderr = refused([str(model_dir), *args])
+    status, _, stderr = refused([str(model_dir), *args])
     assert status == 2
     assert message in stderr

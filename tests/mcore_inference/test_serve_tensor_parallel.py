@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from serve_process import (
     KV_CACHE_BYTES,
     in_process_greedy,
-    run_serve,
     start_serve,
     stop_serve,
     write_tiny_hf_model,
@@ -135,9 +134,9 @@ def _alive(pid: int) -> bool:
     [("3", "num_attention_heads"), ("8", "num_attention_heads")],
     ids=["not-dividing-the-heads", "more-ranks-than-heads"],
 )
-def test_a_tensor_parallel_size_that_does_not_split_the_model_is_refused(model_dir, tmp_path, size, field):
-    result = run_serve([str(model_dir), "--tensor-parallel-size", size], tmp_path)
-    assert result.returncode == 2
-    assert f"tensor_parallel_size: {size} ranks cannot split the model of" in result.stderr
-    assert field in result.stderr
-    assert "starting" not in result.stdout  # refused before any engine process
+def test_a_tensor_parallel_size_that_does_not_split_the_model_is_refused(model_dir, refused, size, field):
+    status, stdout, stderr = refused([str(model_dir), "--tensor-parallel-size", size])
+    assert status == 2
+    assert f"tensor_parallel_size: {size} ranks cannot split the model of" in stderr
+    assert field in stderr
+    assert "starting" not in stdout  # refused before any engine process
