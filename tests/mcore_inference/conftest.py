@@ -245,9 +245,11 @@ def expected():
 
 @pytest.fixture
 def refused(tmp_path, monkeypatch, capsys):
-    """Call ``mcore-serve ARGS`` in this process, in ``tmp_path``, for a refusal (which loads no
-    weights and starts nothing): its exit status, stdout and stderr. The signal handlers it
-    installs are put back. (The console script's own exit status: ``test_a_port_in_use...``.)"""
+    """Call ``mcore-serve ARGS`` in this process, in ``tmp_path``, for a refusal (which starts no
+    engine, though it may load the model as the front end does): its exit status, stdout and
+    stderr. What the call leaves in this process is undone: the signal handlers it installs, and
+    the one-process group that loading a model initializes. (The console script's own exit
+    status: ``test_a_port_in_use_is_refused``.)"""
     from mcore_inference.serve_cli.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -255,6 +257,7 @@ def refused(tmp_path, monkeypatch, capsys):
 
     def call(args: list[str]) -> tuple[int, str, str]:
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        had_group = dist.is_initialized()
         try:
             status = main(args)
         except SystemExit as exit_:
@@ -262,6 +265,8 @@ def refused(tmp_path, monkeypatch, capsys):
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            if dist.is_initialized() and not had_group:
+                dist.destroy_process_group()
         out, err = capsys.readouterr()
         return status, out, err
 
