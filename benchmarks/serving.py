@@ -266,16 +266,17 @@ def run(args: argparse.Namespace, vllm_python: str | None, threads: int) -> tupl
         log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mcore-serving-bench-logs-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         print(f"server logs go to {log_dir}", file=sys.stderr, flush=True)
-        warm_prompt = loads[0][0][0]
         commands = [mcore_serve_command(model_dir, port := find_free_port(), max_model_len)]
-        up = [servers.enter_context(_stopping(start_server(commands[0], port, args, warm_prompt, log_dir)))]
+        ports = [port]
         if vllm_python is not None:
             commands.append(
                 vllm_serve_command(vllm_python, model_dir, port := find_free_port(), max_model_len, threads)
             )
-            up.append(
-                servers.enter_context(_stopping(start_server(commands[1], port, args, warm_prompt, log_dir)))
-            )
+            ports.append(port)
+        up = []
+        for command, port in zip(commands, ports, strict=True):
+            up.append(start_server(command, port, args, loads[0][0][0], log_dir))
+            servers.callback(up[-1].stop)
         rounds: list[list[dict]] = [[] for _ in up]
         for r, requests in enumerate(loads):
             order = range(len(up)) if r % 2 == 0 else reversed(range(len(up)))
@@ -301,14 +302,6 @@ def run(args: argparse.Namespace, vllm_python: str | None, threads: int) -> tupl
             },
         }
         return config, results[0], vllm
-
-
-@contextlib.contextmanager
-def _stopping(server: RunningServer):
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -108,10 +108,10 @@ class RunningServer:
         of its session (the engine processes), from ``/proc``; ``None`` where there is none."""
         return session_cpu_seconds(self.process.pid)
 
-    def wait_quiet(self, cpu_fraction: float = 0.05, interval: float = 1.0, timeout: float = 60.0) -> float:
+    def wait_quiet(self, cpu_fraction: float = 0.05, interval: float = 1.0, timeout: float = 60.0) -> None:
         """Wait until the server uses less than ``cpu_fraction`` of a core over ``interval`` seconds
         (work left over from a load: vLLM's engine keeps a core busy for seconds after its last
-        request), at most ``timeout`` seconds; the seconds waited (0 without ``/proc``)."""
+        request), at most ``timeout`` seconds (not at all without ``/proc``)."""
         started = time.monotonic()
         before = self.cpu_seconds()
         while before is not None and time.monotonic() - started < timeout:
@@ -120,7 +120,6 @@ class RunningServer:
             if after is None or sum(after.values()) - sum(before.values()) < cpu_fraction * interval:
                 break
             before = after
-        return time.monotonic() - started
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM, then SIGKILL to the server's session after ``timeout`` seconds."""
