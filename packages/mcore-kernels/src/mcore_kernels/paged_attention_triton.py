@@ -27,7 +27,8 @@ DECODE_ROWS = 16  # the least a tile holds: tl.dot takes at least 16 rows
 def _key_tile(
     q, m, z, acc, k_ptr, v_ptr, table_ptr, seq, group, table_width, block_size, num_kv_heads,
     key_start, last_key, q_pos, scale, window,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One step of the online softmax over keys ``key_start .. key_start + BLOCK_N - 1``."""
     keys = key_start + tl.arange(0, BLOCK_N)
@@ -59,7 +60,7 @@ def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, starts_ptr, lens_ptr, sink_ptr, out_ptr,
     table_width, block_size, num_kv_heads, num_heads, scale, window,
     HEADS_PER_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, KEY_TILES: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KEY_TILES: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINK: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0).to(tl.int64)
@@ -95,7 +96,7 @@ def _paged_attention_kernel(
                 m, z, acc = _key_tile(
                     q, m, z, acc, k_ptr, v_ptr, table_ptr, seq, group, table_width, block_size,
                     num_kv_heads, key_start, last_key, q_pos, scale, window,
-                    HEAD_DIM, BLOCK_D, HAS_WINDOW, PRECISION,
+                    HEAD_DIM, BLOCK_D, BLOCK_N, HAS_WINDOW, PRECISION,
                 )  # fmt: skip
         out = acc / tl.where(z > 0.0, z, 1.0)[:, None]
         tl.store(out_ptr + row_offsets, out.to(out_ptr.dtype.element_ty), mask=inside)
@@ -131,7 +132,7 @@ def paged_attention(
         sink_logits if sink_logits is not None else query, out,
         block_table.shape[1], block_size, groups, heads, float(scale), window_size or 0,
         HEADS_PER_GROUP=per_group, HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)),
-        BLOCK_Q=block_q, BLOCK_H=block_h, KEY_TILES=key_tiles,
+        BLOCK_Q=block_q, BLOCK_H=block_h, BLOCK_N=BLOCK_N, KEY_TILES=key_tiles,
         HAS_WINDOW=window_size is not None, HAS_SINK=sink_logits is not None,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
     )  # fmt: skip
