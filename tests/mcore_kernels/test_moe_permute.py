@@ -48,6 +48,7 @@ def test_reference_matches_a_per_token_oracle():
 
 
 CASES = [(123, experts, topk, hidden) for experts in (7, 64) for topk in (1, 2, 4) for hidden in (40, 1100)]
+OUTPUTS = ("permuted", "combined", "dhidden", "drows", "dprobs")
 
 
 def _case_id(case):
@@ -77,9 +78,8 @@ def _interpreted_mismatches() -> list:
     """Run in a fresh process with ``TRITON_INTERPRET=1``: the (case, tensor) pairs where the Triton
     kernels and the reference disagree."""
     mismatches = []
-    names = ("permuted", "combined", "dhidden", "drows", "dprobs")
     for case in CASES:
-        for name, a, b in zip(names, _run(case, "triton"), _run(case, "reference"), strict=True):
+        for name, a, b in zip(OUTPUTS, _run(case, "triton"), _run(case, "reference"), strict=True):
             if not torch.allclose(a, b, 1e-5, 1e-5):
                 mismatches.append([_case_id(case), name])
     return mismatches
@@ -92,10 +92,15 @@ def test_triton_kernels_match_the_reference_under_the_interpreter():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_triton_kernels_match_the_reference_on_a_gpu(case):
+    """In bfloat16 each output of the kernels is as close to the float32 reference as PyTorch's
+    own bfloat16 result is: ``dprobs`` sums ``width`` products, so both round at its magnitude."""
+    exact = _run(case, "reference", dtype=torch.float32, device="cuda")
     triton = _run(case, "triton", dtype=torch.bfloat16, device="cuda")
     reference = _run(case, "reference", dtype=torch.bfloat16, device="cuda")
-    for a, b in zip(triton, reference, strict=True):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=5e-2)
+    for name, t, r, e in zip(OUTPUTS, triton, reference, exact, strict=True):
+        triton_error = (t.float() - e).abs().max().item()
+        reference_error = (r.float() - e).abs().max().item()
+        assert triton_error <= 2 * reference_error + 1e-2, (name, triton_error, reference_error)
 
 
 @pytest.mark.parametrize(
