@@ -4,11 +4,15 @@ off the GPU.
 Nothing here imports torch or an mcore package at import time: the same conftest serves
 ``mcore-api``'s tests in an environment that has neither.
 
-On a machine with a GPU the ``gpu`` tests run first and the GPU is hidden
-(``CUDA_VISIBLE_DEVICES=""``) before the first other test: the rest of the suite is the CPU/gloo
-suite and runs as it does on a machine without a GPU. Ranks are forked, and a fork cannot use
-CUDA, nor run autograd, once the test process has started autograd's GPU threads (its first
-backward on a machine where CUDA is visible), so the order matters.
+On a machine with a GPU the suite runs in three parts, because ranks are forked and a fork cannot
+use CUDA (nor run autograd) once the test process has initialized CUDA:
+
+1. the ``gpu`` tests whose body runs on forked ranks (``run_distributed``): the test process never
+   touches CUDA itself;
+2. the CPU/gloo suite, with the GPU hidden (``CUDA_VISIBLE_DEVICES=""``), so it runs as it does on
+   a machine without one;
+3. the ``gpu`` tests that use CUDA in the test process, with the GPU visible again: after them no
+   test forks.
 """
 
 import os
@@ -39,12 +43,27 @@ def pytest_collection_modifyitems(config, items):
         for item in gpu_items:
             item.add_marker(skip)
         return
-    items[:] = gpu_items + [item for item in items if not item.get_closest_marker("gpu")]
+    forked = [item for item in gpu_items if item.get_closest_marker("distributed")]
+    in_process = [item for item in gpu_items if not item.get_closest_marker("distributed")]
+    cpu = [item for item in items if not item.get_closest_marker("gpu")]
+    items[:] = forked + cpu + in_process
+
+
+_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") is None:
+    if item.get_closest_marker("gpu") is not None:
+        _restore_visible_devices()
+    else:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _restore_visible_devices() -> None:
+    if _VISIBLE_DEVICES is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = _VISIBLE_DEVICES
 
 
 def _cuda_available() -> bool:
