@@ -18,6 +18,7 @@ from mcore_parallel import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
     ProcessGroupCollection,
+    get_device,
     model_parallel_manual_seed,
 )
 
@@ -71,6 +72,7 @@ def build_train_model(
     pp, stage = dist.get_world_size(groups.pp), dist.get_rank(groups.pp)
     tp_rank = dist.get_rank(groups.tp)
     count = config.virtual_pipeline_model_parallel_size or 1
+    device = get_device()
     chunks = []
     for chunk in range(count):
         model_parallel_manual_seed(seed + 100 * (chunk * pp + stage), tp_rank)
@@ -82,7 +84,7 @@ def build_train_model(
                 post_process=stage == pp - 1 and chunk == count - 1,
                 pg_collection=groups,
                 vp_stage=chunk if count > 1 else None,
-            )
+            ).to(device)  # initialized on the CPU: the same weights on every device
         )
     container = torch.nn.ModuleList(chunks)
     _check_overlap(container, ddp_config, groups)
