@@ -54,7 +54,9 @@ def test_the_kernels_are_found():
 
 def test_jitted_functions_read_only_constexpr_globals():
     offenders = {
-        f"{module}.{name}": plain for module, name, function in _jit_functions() if (plain := _plain_globals(function))
+        f"{module}.{name}": plain
+        for module, name, function in _jit_functions()
+        if (plain := _plain_globals(function))
     }
     assert offenders == {}
 
