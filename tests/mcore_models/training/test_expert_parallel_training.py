@@ -175,16 +175,19 @@ def test_fsdp_checkpoint_continues_with_whole_experts_on_two_ranks_and_back(
 
 @needs_tensorboard  # the gradient norms are read from the run's TensorBoard scalars
 @pytest.mark.parametrize(
-    "ep, extra",
+    "ep, extra, cp",
     [
-        (1, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True)),
-        (2, dict(moe_token_dispatcher_type="allgather", moe_grouped_gemm=True)),
+        (1, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True), 1),
+        (2, dict(moe_token_dispatcher_type="allgather", moe_grouped_gemm=True), 1),
+        (1, dict(moe_token_dispatcher_type="alltoall", add_bias_linear=True), 2),
     ],
-    ids=["etp2-expert-dp2-sequential-bias", "etp2-ep2-grouped-allgather"],
+    ids=["etp2-expert-dp2-sequential-bias", "etp2-ep2-grouped-allgather", "cp2-etp2-expert-dp2-bias"],
 )
-def test_fsdp_etp2_on_four_ranks_trains_like_one_process(ep, extra, run_distributed, tiny_configs, tmp_path):
+def test_fsdp_etp2_on_four_ranks_trains_like_one_process(
+    ep, extra, cp, run_distributed, tiny_configs, tmp_path
+):
     """mcore-fsdp shards expert slices over the expert-data-parallel group (ETP = 2 x EP x
-    expert-DP = dense DP = 4): one process's losses, gradient norms (each slice, and FC2's bias
+    expert-DP = dense DP x CP = 4): one process's losses, gradient norms (each slice, and FC2's bias
     shared by the expert-TP ranks, counted once), parameter count and whole final experts."""
     pytest.importorskip("mcore_fsdp")
     layout = dict(global_batch=8, sample_tokens=4)  # the gathered model's greedy sample too
@@ -192,13 +195,14 @@ def test_fsdp_etp2_on_four_ranks_trains_like_one_process(ep, extra, run_distribu
         run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra), 1
     )
     configs = _moe(
-        tiny_configs(tmp_path / "fsdp-etp2", 3, fsdp=True, **layout),
+        tiny_configs(tmp_path / "fsdp-etp2", 3, fsdp=True, cp=cp, **layout),
         ep,
         expert_tensor_parallel_size=2,
         **extra,
     )
     report, etp_norms = _run_logging_norms(run_distributed, configs, 4)
     assert "ETP=2" in report["layout"] and "FSDP" in report["layout"]
+    assert ("CP=2" in report["layout"]) == (cp == 2)
     assert report["parameters"] == oracle["parameters"]
     assert report["sample"] == oracle["sample"] is not None
     assert etp_norms == pytest.approx(norms, rel=1e-4) and len(norms) == 3
