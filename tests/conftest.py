@@ -53,14 +53,9 @@ _VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") is not None:
-        _restore_visible_devices()
-    else:
+    if item.get_closest_marker("gpu") is None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-
-
-def _restore_visible_devices() -> None:
-    if _VISIBLE_DEVICES is None:
+    elif _VISIBLE_DEVICES is None:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = _VISIBLE_DEVICES

@@ -157,13 +157,3 @@ def checkpoint_logits():
             destroy_model_parallel()
 
     return logits
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _plotting_loaded_before_ranks_fork():
-    """Every run's rank 0 draws ``loss.png``; importing matplotlib and its fonts costs a forked rank
-    over a second, so the test process does it once and the ranks inherit it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot  # noqa: F401

@@ -14,6 +14,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import gc
+import importlib.util
 import os
 import pickle
 import signal
@@ -73,7 +74,7 @@ def run_distributed(
         raise ValueError(f"timeout must be positive, got {timeout}")
     import torch
 
-    _import_lazy_torch_modules_once()
+    _import_lazy_modules_once()
     if torch.cuda.is_initialized():
         raise RuntimeError(
             "run_distributed forks its ranks, and CUDA is already initialized in the test process; "
@@ -123,14 +124,20 @@ def _run_once(
 
 
 @functools.cache
-def _import_lazy_torch_modules_once() -> None:
-    """Import, in the test process, what torch imports lazily on first use (sympy through
-    ``assert_close``, dynamo through the first ``optimizer.step()``: seconds each), so forked ranks
+def _import_lazy_modules_once() -> None:
+    """Import, in the test process, what ranks would otherwise import lazily on first use (sympy
+    through ``assert_close``, dynamo through the first ``optimizer.step()``, matplotlib's pyplot for
+    the ``loss.png`` every ``mcore-train`` run draws: a second or more each), so forked ranks
     inherit it instead of importing it again per rank."""
     import torch
     import torch._dynamo
 
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+    if importlib.util.find_spec("matplotlib") is not None:  # only mcore-models needs it
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
 
 
 class _Rendezvous:
