@@ -41,6 +41,8 @@ MARKED_TRAINING = {
     "LocalOptimizer": "experimental",
     "build_optimizer": "experimental",
     "evaluate": "experimental",
+    "logit_kl_loss": "experimental",
+    "hidden_state_loss": "experimental",
     "greedy_generate": "experimental",
     "save_training_checkpoint": "experimental",
     "load_training_checkpoint": "experimental",

@@ -156,12 +156,30 @@ def _serving_config(
 
 
 def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:
+    fields, vocab_size = read_model_config(directory)
+    tokenizer = read_tokenizer(directory)
+    return load_mcore_train_model(directory, fields, vocab_size, tokenizer, dtype, pg_collection), tokenizer
+
+
+def load_mcore_train_model(
+    directory: Path,
+    fields: dict[str, Any],
+    vocab_size: int,
+    tokenizer: Tokenizer,
+    dtype: torch.dtype,
+    pg_collection: ProcessGroupCollection | None,
+) -> GPTModel:
+    """The model of the saved config ``fields`` (see ``read_model_config``) with the weights of the
+    iteration ``directory``, split over the tensor-parallel group of ``pg_collection``.
+
+    Raises:
+        ConfigError: see ``_serving_config``.
+        CheckpointFormatError: the checkpoint lacks tensors of the model.
+    """
     import torch.distributed.checkpoint as dcp
 
     from ..training.checkpointing import inference_model_state_dict
 
-    fields, vocab_size = read_model_config(directory)
-    tokenizer = read_tokenizer(directory)
     config = _serving_config(fields, vocab_size, dtype, _tp_size(pg_collection))
     groups = _groups(pg_collection)  # after every check: no process group for a refused load
     model = GPTModel(
@@ -181,7 +199,7 @@ def _load_mcore_train(directory: Path, dtype: torch.dtype, pg_collection) -> tup
         )
     dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
     finish()
-    return model, tokenizer
+    return model
 
 
 def _load_hf(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:

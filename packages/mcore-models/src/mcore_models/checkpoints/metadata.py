@@ -82,13 +82,15 @@ def has_model_config(directory: Path) -> bool:
 
 
 def read_model_config(directory: Path) -> tuple[dict[str, Any], int]:
-    """The saved ``TransformerConfig`` fields and the vocabulary size of the iteration ``directory``.
+    """The saved ``TransformerConfig`` fields and the vocabulary size of the iteration ``directory``
+    (or of ``directory`` itself where it is a ``model_config.json`` file).
 
     Raises:
         CheckpointConfigMissingError: no ``model_config.json`` (a checkpoint of an older mcore-models).
         CheckpointSchemaError: see ``read_versioned_json``.
     """
-    path = directory / MODEL_CONFIG_FILE
+    directory = Path(directory)
+    path = directory if directory.is_file() else directory / MODEL_CONFIG_FILE
     if not path.is_file():
         raise CheckpointConfigMissingError(
             f"{directory} is an mcore-train checkpoint without {MODEL_CONFIG_FILE} (saved by an mcore-models "

@@ -1,6 +1,6 @@
 """The training loop and ``mcore-train``: configs (the CLI is generated from them), launching,
 pretraining with TP/PP/VPP/DP/SP and the distributed optimizer, checkpoints that load at any
-layout, held-out evaluation, greedy samples and the run's report.
+layout, held-out evaluation, greedy samples, knowledge distillation from a frozen teacher and the run's report.
 """
 
 from mcore_models.training.batches import (
@@ -18,12 +18,14 @@ from mcore_models.training.cli import main, parse_train_args
 from mcore_models.training.config import (
     TRAIN_CONFIG_CLASSES,
     DataConfig,
+    DistillationConfig,
     SchedulerConfig,
     TrainConfigs,
     TrainingConfig,
     TrainModelConfig,
     TrainOptimizerConfig,
 )
+from mcore_models.training.distillation_losses import hidden_state_loss, logit_kl_loss
 from mcore_models.training.evaluation import evaluate
 from mcore_models.training.generation import greedy_generate
 from mcore_models.training.launcher import launch_local, run_in_process_group, under_torchrun
@@ -35,6 +37,7 @@ from mcore_models.training.optimizer import LocalOptimizer, build_optimizer
 __all__ = [
     "TRAIN_CONFIG_CLASSES",
     "DataConfig",
+    "DistillationConfig",
     "LocalOptimizer",
     "SchedulerConfig",
     "TrainConfigs",
@@ -47,10 +50,12 @@ __all__ = [
     "build_train_model",
     "evaluate",
     "greedy_generate",
+    "hidden_state_loss",
     "iteration_micro_batches",
     "launch_local",
     "learning_rate",
     "load_training_checkpoint",
+    "logit_kl_loss",
     "main",
     "open_indexed_data",
     "open_train_data",

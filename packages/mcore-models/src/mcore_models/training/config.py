@@ -2,7 +2,7 @@
 
 ``mcore-train`` parses ``TRAIN_CONFIG_CLASSES`` (these classes plus mcore-parallel's
 ``DistributedDataParallelConfig``, ``CheckpointConfig``, ``LoggerConfig`` and
-``StragglerDetectionConfig``) into one ``TrainConfigs``.
+``StragglerDetectionConfig``, then ``DistillationConfig``) into one ``TrainConfigs``.
 """
 
 from __future__ import annotations
@@ -215,6 +215,100 @@ class TrainingConfig:
             )
 
 
+@dataclass
+class DistillationConfig:
+    """Knowledge distillation: a frozen teacher from an mcore-train checkpoint, and the loss weights.
+
+    The student's loss is ``kd_logit_weight x T² KL + kd_hidden_weight x (mean over the hidden
+    pairs) + kd_ce_weight x cross entropy``. ``kd_ce_weight`` defaults to 0 (pure distillation, as
+    Megatron-LM's ModelOpt distillation skips the LM loss by default).
+    """
+
+    teacher_load: str | None = config_field(
+        None, help="KD: save directory of the teacher's mcore-train checkpoint (its latest iteration)."
+    )
+    teacher_config: str | None = config_field(
+        None,
+        help="KD: the teacher's model_config.json, for a checkpoint that does not describe itself "
+        "(default: the checkpoint's own).",
+    )
+    kd_logit_weight: float = config_field(
+        1.0, minimum=0.0, help="KD: weight of the KL divergence between student and teacher logits."
+    )
+    kd_ce_weight: float = config_field(
+        0.0, minimum=0.0, help="KD: weight of the usual next-token cross entropy (0: pure distillation)."
+    )
+    kd_temperature: float = config_field(
+        1.0,
+        minimum=0.0,
+        help="KD: softmax temperature T (> 0) of both distributions; the KL is scaled by T².",
+    )
+    kd_direction: Literal["forward", "reverse"] = config_field(
+        "forward", help="KD: KL(teacher || student) (forward) or KL(student || teacher) (reverse)."
+    )
+    kd_hidden_pairs: str = config_field(
+        "",
+        help="KD: student:teacher layer pairs (0-based) whose outputs are compared, e.g. '0:1,3:7' (empty: none).",
+    )
+    kd_hidden_kind: Literal["cosine", "mse"] = config_field(
+        "cosine", help="KD: distance between paired hidden states (1 - cosine similarity, or MSE)."
+    )
+    kd_hidden_weight: float = config_field(
+        1.0, minimum=0.0, help="KD: weight of the mean hidden-state loss over the pairs."
+    )
+    kd_hidden_projection: bool = config_field(
+        False,
+        help="KD: a learned linear map per pair from the student's width to the teacher's (needed "
+        "when they differ; trained with the student and saved in its checkpoints).",
+    )
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+        if self.kd_temperature <= 0:
+            raise ConfigError(["kd_temperature"], f"the temperature must be > 0, got {self.kd_temperature}")
+        pairs = self.hidden_pairs  # parses, or raises
+        changed = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name != "teacher_load" and getattr(self, f.name) != f.default
+        ]
+        if self.teacher_load is None and changed:
+            raise ConfigError(
+                ["teacher_load", *changed], "distillation options need a teacher (--teacher-load)"
+            )
+        hidden_options = [
+            name for name in changed if name.startswith("kd_hidden_") and name != "kd_hidden_pairs"
+        ]
+        if not pairs and hidden_options:
+            raise ConfigError(
+                ["kd_hidden_pairs", *hidden_options],
+                "hidden-state options need layer pairs (--kd-hidden-pairs)",
+            )
+        hidden = self.kd_hidden_weight if pairs else 0.0
+        if self.teacher_load is not None and self.kd_logit_weight + self.kd_ce_weight + hidden == 0:
+            raise ConfigError(
+                ["kd_logit_weight", "kd_ce_weight", "kd_hidden_weight"], "the loss weights are all zero"
+            )
+
+    @property
+    def hidden_pairs(self) -> list[tuple[int, int]]:
+        """``kd_hidden_pairs`` as ``[(student layer, teacher layer), ...]``.
+
+        Raises:
+            ConfigError: not comma-separated ``S:T`` pairs of non-negative integers.
+        """
+        pairs = []
+        for item in filter(None, (part.strip() for part in self.kd_hidden_pairs.split(","))):
+            student, colon, teacher = item.partition(":")
+            if not (colon and student.strip().isdigit() and teacher.strip().isdigit()):
+                raise ConfigError(
+                    ["kd_hidden_pairs"],
+                    f"{item!r} is not a pair STUDENT:TEACHER of 0-based layer indices (e.g. '0:1,3:7')",
+                )
+            pairs.append((int(student), int(teacher)))
+        return pairs
+
+
 TRAIN_CONFIG_CLASSES: tuple[type, ...] = (
     TrainModelConfig,
     TrainOptimizerConfig,
@@ -225,6 +319,7 @@ TRAIN_CONFIG_CLASSES: tuple[type, ...] = (
     CheckpointConfig,
     LoggerConfig,
     StragglerDetectionConfig,
+    DistillationConfig,
 )
 """The config classes ``mcore-train`` parses, in the order of ``TrainConfigs``' fields."""
 
@@ -242,6 +337,7 @@ class TrainConfigs:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
     straggler: StragglerDetectionConfig = dataclasses.field(default_factory=StragglerDetectionConfig)
+    distillation: DistillationConfig = dataclasses.field(default_factory=DistillationConfig)
 
     @classmethod
     def from_instances(cls, instances) -> TrainConfigs:

@@ -39,6 +39,7 @@ from ..transformer.moe import reset_global_loads, router_loss_metrics, update_ex
 from .batches import iteration_micro_batches, open_train_data
 from .checkpointing import load_training_checkpoint, save_training_checkpoint
 from .config import TrainConfigs
+from .distillation import DistillationRun, build_projections, check_distillation
 from .evaluation import evaluate
 from .fsdp import (
     FSDPOptimizer,
@@ -82,7 +83,8 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
             parallelism cannot (see ``_check_context_parallel``), ``export_hf`` for a model no Hugging
             Face family holds (see ``hf_export.hf_model_type``), a model that the checkpoint
             to resume (``checkpoint.load``) does not hold (see ``check_model_matches_checkpoint``), or
-            a router replay that cannot work (see ``router_replay_run.check_router_replay``).
+            a router replay that cannot work (see ``router_replay_run.check_router_replay``), or a
+            distillation it does not do (see ``distillation.check_distillation``).
     """
     model, training = configs.model, configs.training
     if torch.cuda.is_available() and not (training.fp32 or model.fp16 or model.bf16):
@@ -136,6 +138,7 @@ def resolve_configs(configs: TrainConfigs, world_size: int) -> TrainConfigs:
     training = dataclasses.replace(training, global_batch_size=global_batch)
     resolved = dataclasses.replace(configs, model=model, checkpoint=checkpoint, training=training)
     check_router_replay(resolved, world_size)
+    check_distillation(resolved)
     return resolved
 
 
@@ -262,8 +265,14 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
             )
             optimizer = FSDPOptimizer(model.ddp, configs.optimizer, model.expert_names)
         else:
-            model = build_train_model(model_config, vocab_size, groups, configs.ddp, training.seed)
+            model = build_train_model(
+                model_config, vocab_size, groups, configs.ddp, training.seed, build_projections(configs)
+            )
             optimizer = build_optimizer(model.ddp, configs.optimizer, groups)
+    distill = None
+    if configs.distillation.teacher_load is not None:
+        with timers.startup_phase("teacher"):
+            distill = DistillationRun(configs, model, data.tokenizer, groups, device, dtype)
     # dropout's streams, seeded once and carried on by checkpoints (a resumed run continues them)
     model_parallel_manual_seed(training.seed + _DROPOUT_SEED_OFFSET, tp_rank)
     checkpointer = DistributedCheckpointer(configs.checkpoint)
@@ -301,6 +310,7 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
     if is_writer and start:
         progress.write(f"resumed from {load_dir} at iteration {start}")
     model.train(True)
+    kl_before = distill.heldout_kl(data.heldout) if distill is not None else None
     router_replay = (
         RouterReplayRun(configs, model.container, rank, start + 1)
         if training.moe_router_replay != "off"
@@ -325,7 +335,9 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
             with log.timed("forward-backward"):
                 if router_replay is not None:
                     router_replay.begin(iteration)
-                losses = run_micro_batches(model, batches, groups, dtype=dtype)
+                with distill.loss.capture() if distill is not None else contextlib.nullcontext():
+                    kd_arguments = distill.schedule_arguments() if distill is not None else {}
+                    losses = run_micro_batches(model, batches, groups, dtype=dtype, **kd_arguments)
                 if router_replay is not None:
                     router_replay.end(iteration)
             with log.timed("sequence-parallel-grads"):
@@ -341,7 +353,8 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
         history["train"].append([iteration, loss])
         history["lr"].append([iteration, lr])
         progress.update(iteration, loss, seconds, lr)
-        log.iteration(iteration, loss, lr, grad_norm, seconds, router_loss_metrics(model.container))
+        extra = router_loss_metrics(model.container) | (distill.metrics(iteration) if distill else {})
+        log.iteration(iteration, loss, lr, grad_norm, seconds, extra)
         if straggler is not None:
             report = straggler.maybe_report()
             if report is not None:
@@ -380,6 +393,7 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
     if not history["heldout"] or history["heldout"][-1][0] != training.train_iters:
         history["heldout"].append([training.train_iters, final["loss"]])
     log.heldout(training.train_iters, final)
+    kd_report = distill.report(kl_before, distill.heldout_kl(data.heldout)) if distill is not None else None
     if iterations_run > 0 or last_saved is None:
         with log.timed("save"):
             last_saved = save_training_checkpoint(
@@ -463,6 +477,8 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
         "history": history,
         "straggler_reports": straggler_reports,
     }
+    if kd_report is not None:
+        report["kd"] = kd_report
     write_loss_plot(output_dir / "loss.png", history, data.unigram_baseline)
     if sample is not None:
         (output_dir / "sample.txt").write_text(sample + "\n")

@@ -8,6 +8,7 @@ and one checkpoint state cover them. Parameters are named globally for checkpoin
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -64,10 +65,13 @@ def build_train_model(
     groups: ProcessGroupCollection,
     ddp_config: DistributedDataParallelConfig,
     seed: int,
+    extra_modules: Mapping[str, torch.nn.Module] | None = None,
 ) -> TrainModel:
     """The chunks of this pipeline stage (``virtual_pipeline_model_parallel_size`` of them, else one).
 
     Weights come from ``seed`` and the stage (TP ranks draw their own shards of one master weight).
+    ``extra_modules`` (e.g. distillation's projections) become submodules of the chunk with the
+    output layer, by name, before the data-parallel wrapper: they train and are checkpointed with it.
     """
     pp, stage = dist.get_world_size(groups.pp), dist.get_rank(groups.pp)
     tp_rank = dist.get_rank(groups.tp)
@@ -86,6 +90,8 @@ def build_train_model(
                 vp_stage=chunk if count > 1 else None,
             ).to(device)  # initialized on the CPU: the same weights on every device
         )
+    for name, module in (extra_modules or {}).items():
+        chunks[-1].add_module(name, module.to(device))
     container = torch.nn.ModuleList(chunks)
     _check_overlap(container, ddp_config, groups)
     # context-parallel ranks hold replicas of the weights too: their gradients are reduced with DP's

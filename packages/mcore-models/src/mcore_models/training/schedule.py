@@ -47,9 +47,10 @@ class _SumOverContextParallel(torch.autograd.Function):
         return grad * ctx.cp_size, None
 
 
-def make_forward_step(last_stage_output: LastStageOutput = _batch_loss):
+def make_forward_step(last_stage_output: LastStageOutput = _batch_loss, pass_labels: bool = True):
     """A ``forward_step_func`` for the schedules: micro-batch dicts in, ``last_stage_output(model
     output, batch)`` out of the last stage (default: the masked mean loss), hidden states elsewhere.
+    The model output is the per-token loss, or with ``pass_labels=False`` the (vocab-parallel) logits.
 
     With context parallelism the model sees this CP rank's part of the batch (``split_batch``) and
     ``last_stage_output`` the whole sequence's output (``gather_sequence``), so a loss is that of
@@ -65,7 +66,7 @@ def make_forward_step(last_stage_output: LastStageOutput = _batch_loss):
             batch = split_batch(batch, dist.get_rank(cp_group), dist.get_world_size(cp_group))
         if input_tensor is not None:
             model.set_input_tensor(input_tensor)
-        labels = batch.get("labels") if model.post_process else None
+        labels = batch.get("labels") if model.post_process and pass_labels else None
         output = model(batch["tokens"], position_ids=batch["position_ids"], labels=labels)
         if not model.post_process:
             return output
@@ -84,14 +85,16 @@ def run_micro_batches(
     forward_only: bool = False,
     dtype: torch.dtype = torch.float32,
     last_stage_output: LastStageOutput = _batch_loss,
+    pass_labels: bool = True,
 ) -> list[torch.Tensor]:
     """Forward (and backward) over ``micro_batches``: 1F1B for pipelines, interleaved with several
-    chunks. Returns the per-micro-batch losses on the last stage, ``[]`` elsewhere.
+    chunks. Returns the per-micro-batch losses on the last stage, ``[]`` elsewhere. ``last_stage_output``
+    and ``pass_labels``: see ``make_forward_step``.
 
     With several chunks the whole pass runs under ``no_sync``; the optimizer's step reduces."""
     schedule_model = model.schedule_model
     common = dict(
-        forward_step_func=make_forward_step(last_stage_output),
+        forward_step_func=make_forward_step(last_stage_output, pass_labels),
         num_microbatches=len(micro_batches),
         forward_only=forward_only,
     )
