@@ -189,21 +189,28 @@ def test_distillation_lowers_the_students_kl_to_the_teacher(teacher, tiny_data, 
 
 @pytest.mark.slow
 def test_tensor_parallel_distillation_matches_data_parallel(teacher, tiny_data, tmp_path):
-    """At TP = 2 the vocabulary pads to 512 rows, the TP = 1 teacher's to 384: its logits are
-    resharded. The initial student is the same at either layout, so is its KL to the teacher."""
+    """At TP = 2 (with and without sequence parallelism) the vocabulary pads to 512 rows, the TP = 1
+    teacher's to 384: its logits are resharded. The initial student is the same at every layout, so
+    is its KL to the teacher."""
     reports = {}
-    for tp in (1, 2):
+    for tp, sp in ((1, False), (2, False), (2, True)):
         configs = _configs(
             tiny_data,
-            tmp_path / f"tp{tp}",
+            tmp_path / f"tp{tp}-sp{sp}",
             2,
             STUDENT,
             teacher_load=str(teacher),
             tensor_model_parallel_size=tp,
+            sequence_parallel=sp,
         )
-        reports[tp] = run_ranks(pretrain, 2, configs, timeout=120)[0]["kd"]
-    assert reports[2]["heldout_kl_before"] == pytest.approx(reports[1]["heldout_kl_before"], rel=1e-4)
-    assert reports[2]["train_logit_kl"][0][1] == pytest.approx(reports[1]["train_logit_kl"][0][1], rel=1e-4)
+        reports[tp, sp] = run_ranks(pretrain, 2, configs, timeout=120)[0]["kd"]
+    for layout in ((2, False), (2, True)):
+        assert reports[layout]["heldout_kl_before"] == pytest.approx(
+            reports[1, False]["heldout_kl_before"], rel=1e-4
+        )
+        assert reports[layout]["train_logit_kl"][0][1] == pytest.approx(
+            reports[1, False]["train_logit_kl"][0][1], rel=1e-4
+        )
 
 
 @pytest.mark.parametrize("what", ["tokens", "vocab_size"])
