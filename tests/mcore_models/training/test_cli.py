@@ -32,10 +32,12 @@ def test_mcore_train_writes_checkpoint_plot_report_and_sample(tiny_data, tmp_pat
 
 def test_defaults_and_checkpoint_directory():
     configs = parse_train_args([])
-    assert configs.model.num_layers == 4 and configs.model.hidden_size == 256
+    assert configs.model.num_layers == 4 and configs.model.hidden_size == 128
+    assert configs.model.ffn_hidden_size == 344 and configs.training.train_iters == 480
+    assert configs.training.sample_repetition_penalty == 1.3
     assert configs.data.vocab_size == 4096 and configs.data.seq_length == 256
     assert configs.checkpoint.save.endswith("mcore-train-output/checkpoints")
-    assert configs.scheduler.lr_decay_style == "cosine"
+    assert configs.scheduler.lr_decay_style == "WSD"
     resolved = resolve_configs(configs, 2)
     assert resolved.training.global_batch_size == 2 * configs.training.micro_batch_size
 

@@ -1,4 +1,6 @@
 """Greedy decoding with the training model: full recompute of the whole sequence per new token.
+An optional repetition penalty (Hugging Face's ``repetition_penalty``) lowers the scores of the ids
+already in the sequence before the argmax.
 
 Collective over all ranks: each step runs the sequence through the pipeline (forward only), the
 last stage picks the most likely token over the full vocabulary, and it is broadcast to every
@@ -28,12 +30,19 @@ def greedy_generate(
     stop_id: int | None = None,
     dtype: torch.dtype = torch.float32,
     pad_multiple: int = 1,
+    repetition_penalty: float = 1.0,
 ) -> list[int]:
     """``prompt_ids`` followed by up to ``new_tokens`` greedily chosen ids (stops after ``stop_id``).
+
+    With ``repetition_penalty`` above 1, the score of each id already in the sequence (prompt
+    included) is divided by it where positive and multiplied by it where negative before the
+    argmax, as Hugging Face's ``repetition_penalty``; 1 is plain greedy decoding.
 
     The context is cut to the last ``max_length`` tokens and right-padded to a multiple of
     ``pad_multiple`` (the TP size under sequence parallelism); causal attention keeps the padding
     from affecting the position that is read."""
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
     ids = list(prompt_ids)
     last_chunk = model.chunks[-1]
     pp = dist.get_world_size(groups.pp)
@@ -51,6 +60,8 @@ def greedy_generate(
                 "tokens": torch.tensor([padded], device=device),
                 "position_ids": torch.arange(len(padded), device=device).unsqueeze(0),
                 "last_position": len(context) - 1,
+                "seen": torch.tensor(sorted(set(ids)), device=device),
+                "repetition_penalty": repetition_penalty,
             }
             outputs = run_micro_batches(
                 model, [batch] * copies, groups, forward_only=True, dtype=dtype, last_stage_output=_next_token
@@ -70,5 +81,11 @@ def greedy_generate(
 
 
 def _next_token(logits: torch.Tensor, batch: dict) -> torch.Tensor:
-    """The last stage's output for decoding: the argmax at the last real position, as a float scalar."""
-    return logits[0, batch["last_position"]].argmax().float()
+    """The last stage's output for decoding: the argmax at the last real position after the
+    repetition penalty, as a float scalar."""
+    scores = logits[0, batch["last_position"]].float()
+    penalty = batch["repetition_penalty"]
+    if penalty != 1.0:
+        seen = scores[batch["seen"]]
+        scores = scores.index_copy(0, batch["seen"], torch.where(seen > 0, seen / penalty, seen * penalty))
+    return scores.argmax().float()

@@ -420,6 +420,7 @@ def _train(configs, given, groups, timers, device, dtype, rank, world, wandb_run
             stop_id=data.tokenizer.eod_id,
             dtype=dtype,
             pad_multiple=pad,
+            repetition_penalty=training.sample_repetition_penalty,
         )
         sample = data.tokenizer.decode(ids)
     parameters = _count_parameters(model, groups, training.fsdp)
