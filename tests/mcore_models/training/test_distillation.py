@@ -34,11 +34,12 @@ from mcore_parallel import (
     initialize_model_parallel,
 )
 from mcore_testing.distributed import run_distributed as run_ranks
+from safetensors.torch import load_file
 
 STUDENT = dict(num_layers=2, hidden_size=16, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=32)
 
 
-def _configs(data, output, iters, model=None, seed=1234, **distillation):
+def _configs(data, output, iters, model=None, seed=1234, export_hf=None, **distillation):
     model = model or dict(
         num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64
     )
@@ -60,6 +61,7 @@ def _configs(data, output, iters, model=None, seed=1234, **distillation):
             sample_tokens=0,
             progress=False,
             seed=seed,
+            export_hf=export_hf,
         ),
         checkpoint=CheckpointConfig(save=str(output / "checkpoints")),
         distillation=DistillationConfig(**distillation),
@@ -155,6 +157,7 @@ def test_distillation_lowers_the_students_kl_to_the_teacher(teacher, tiny_data, 
         kd_hidden_pairs="1:3",
         kd_hidden_projection=True,
         kd_hidden_weight=0.1,
+        export_hf=str(tmp_path / "hf"),
     )
     (kd_report, frozen), _ = run_ranks(_pretrain_watching_teacher, 2, kd, timeout=150)
     # the same student trained as long on the cross entropy alone, measured by the same code: the
@@ -185,6 +188,10 @@ def test_distillation_lowers_the_students_kl_to_the_teacher(teacher, tiny_data, 
     del keys["model.kd_projections.1_3.weight"]
     # nothing of the teacher: the same tensors as the plain student's checkpoint
     assert keys == _student_checkpoint_keys(tmp_path / "plain" / "checkpoints")
+    # --export-hf writes the student alone: the projection is a training aid
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert exported["model.embed_tokens.weight"].shape[1] == 16
+    assert not [name for name in exported if "kd" in name or "layers.2." in name]
 
 
 @pytest.mark.slow
