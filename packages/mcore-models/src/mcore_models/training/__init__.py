@@ -33,6 +33,8 @@ from mcore_models.training.loop import pretrain, resolve_configs
 from mcore_models.training.lr_schedule import learning_rate
 from mcore_models.training.model_setup import TrainModel, build_train_model
 from mcore_models.training.optimizer import LocalOptimizer, build_optimizer
+from mcore_models.training.optimizer_protocol import TrainOptimizer
+from mcore_models.training.stateful import Stateful
 
 __all__ = [
     "TRAIN_CONFIG_CLASSES",
@@ -40,10 +42,12 @@ __all__ = [
     "DistillationConfig",
     "LocalOptimizer",
     "SchedulerConfig",
+    "Stateful",
     "TrainConfigs",
     "TrainData",
     "TrainModel",
     "TrainModelConfig",
+    "TrainOptimizer",
     "TrainOptimizerConfig",
     "TrainingConfig",
     "build_optimizer",
