@@ -107,3 +107,31 @@ def test_a_component_that_is_not_stateful_is_refused():
 def test_two_components_with_one_key_are_refused():
     with pytest.raises(ValueError, match="repeats checkpoint keys"):
         checkpoint_entries([LossHistory({}), LossHistory({})])
+
+
+def test_a_trainer_refuses_an_optimizer_that_is_not_a_train_optimizer():
+    from mcore_models.training import Trainer
+
+    class NoStep:
+        param_groups = ()
+
+        def zero_grad(self):
+            pass
+
+    parts = dict(model=None, data=None, schedule=None, checkpoint=None, logging=None, evaluator=None)
+    with pytest.raises(TypeError, match="NoStep is not a TrainOptimizer"):
+        Trainer(None, optimizer=NoStep(), **parts)
+
+
+def test_the_schedule_component_sets_every_group_to_learning_rate():
+    from mcore_models.training import SchedulerConfig, learning_rate
+    from mcore_models.training.lr_schedule import LearningRateSchedule
+
+    config = SchedulerConfig(lr_warmup_iters=2, lr_decay_style="cosine", min_lr=1e-4)
+    schedule = LearningRateSchedule(1e-2, config, 10)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
+    for iteration in (1, 2, 5, 10):
+        lr = schedule.apply(optimizer, iteration)
+        assert lr == learning_rate(iteration, 1e-2, config, 10)
+        assert [group["lr"] for group in optimizer.param_groups] == [lr, lr]

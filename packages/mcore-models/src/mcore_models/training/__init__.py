@@ -35,6 +35,7 @@ from mcore_models.training.model_setup import TrainModel, build_train_model
 from mcore_models.training.optimizer import LocalOptimizer, build_optimizer
 from mcore_models.training.optimizer_protocol import TrainOptimizer
 from mcore_models.training.stateful import Stateful
+from mcore_models.training.trainer import Trainer
 
 __all__ = [
     "TRAIN_CONFIG_CLASSES",
@@ -49,6 +50,7 @@ __all__ = [
     "TrainModelConfig",
     "TrainOptimizer",
     "TrainOptimizerConfig",
+    "Trainer",
     "TrainingConfig",
     "build_optimizer",
     "build_train_model",

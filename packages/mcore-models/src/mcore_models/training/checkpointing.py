@@ -10,6 +10,11 @@ so an asynchronous save needs nothing written after it) keeps the loss curve so 
 of a resumed run. With ``--fsdp`` the keys are ``model.<name>`` and ``optimizer.state.<name>...``
 of mcore-fsdp's DTensor state dicts instead. Either way ``rng.*`` holds each rank's random-number
 states (unless ``no_save_rng``), restored only under the same layout (see ``random_states``).
+
+Each part is a ``Stateful`` component (``stateful``): the model with its optimizer
+(``TrainModel.checkpoint_state``: ``ParamStatesCheckpoint`` here, ``FSDPCheckpoint`` with ``--fsdp``),
+``LossHistory`` and ``RandomStates`` (``checkpoint_components``); saving merges their entries,
+loading fills the merged dict in place and hands it back to each.
 """
 
 from __future__ import annotations
