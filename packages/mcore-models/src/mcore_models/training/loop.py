@@ -217,8 +217,16 @@ def pretrain(configs: TrainConfigs) -> dict | None:
     try:
         run_config = dataclasses.asdict(configs)
         with WandbWriter(configs.logger, rank == 0, configs.training.output_dir, run_config) as wandb_run:
-            dtype = configs.model.params_dtype
-            context = RunContext(configs, given, groups, timers, device, dtype, rank, world)
+            context = RunContext(
+                configs=configs,
+                given=given,
+                groups=groups,
+                timers=timers,
+                device=device,
+                dtype=configs.model.params_dtype,
+                rank=rank,
+                world=world,
+            )
             return build_trainer(context, wandb_run).train()
     finally:
         destroy_model_parallel()

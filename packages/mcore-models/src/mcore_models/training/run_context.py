@@ -12,7 +12,7 @@ from mcore_parallel import ProcessGroupCollection, Timers
 from .config import TrainConfigs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunContext:
     """The resolved configs (and ``given``, as passed to ``pretrain``), process groups, device,
     parameter dtype, this rank and the world size, and the run's timers."""

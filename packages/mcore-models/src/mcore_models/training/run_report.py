@@ -12,7 +12,7 @@ from .run_context import RunContext
 from .wandb_writer import WandbWriter
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunOutcome:
     """What a run did: where it started, how long it trained, its final held-out result, its last
     checkpoint, the whole model's parameter count, the sample and the recorded history."""

@@ -202,16 +202,16 @@ class Trainer:
         if not context.is_writer:
             return None
         outcome = RunOutcome(
-            self.start,
-            train_seconds,
-            final,
-            parameters,
-            self.last_saved,
-            sample,
-            self.history,
-            self.logging.straggler_reports,
-            self.data.unigram_baseline,
-            kd_report,
+            start=self.start,
+            train_seconds=train_seconds,
+            final=final,
+            parameters=parameters,
+            last_saved=self.last_saved,
+            sample=sample,
+            history=self.history,
+            straggler_reports=self.logging.straggler_reports,
+            unigram_baseline=self.data.unigram_baseline,
+            kd_report=kd_report,
         )
         report = run_report(context, outcome)
         publish_report(context, report, self.logging.wandb_run)
