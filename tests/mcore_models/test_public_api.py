@@ -47,6 +47,7 @@ MARKED_TRAINING = {
     "save_training_checkpoint": "experimental",
     "load_training_checkpoint": "experimental",
     "launch_local": "experimental",
+    "Trainer": "experimental",
 }
 
 # Everything of the MoE module but the two protocols, which cannot carry the marker attribute.

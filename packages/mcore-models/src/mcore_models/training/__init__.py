@@ -33,6 +33,9 @@ from mcore_models.training.loop import pretrain, resolve_configs
 from mcore_models.training.lr_schedule import learning_rate
 from mcore_models.training.model_setup import TrainModel, build_train_model
 from mcore_models.training.optimizer import LocalOptimizer, build_optimizer
+from mcore_models.training.optimizer_protocol import TrainOptimizer
+from mcore_models.training.stateful import Stateful
+from mcore_models.training.trainer import Trainer
 
 __all__ = [
     "TRAIN_CONFIG_CLASSES",
@@ -40,11 +43,14 @@ __all__ = [
     "DistillationConfig",
     "LocalOptimizer",
     "SchedulerConfig",
+    "Stateful",
     "TrainConfigs",
     "TrainData",
     "TrainModel",
     "TrainModelConfig",
+    "TrainOptimizer",
     "TrainOptimizerConfig",
+    "Trainer",
     "TrainingConfig",
     "build_optimizer",
     "build_train_model",

@@ -10,11 +10,15 @@ so an asynchronous save needs nothing written after it) keeps the loss curve so 
 of a resumed run. With ``--fsdp`` the keys are ``model.<name>`` and ``optimizer.state.<name>...``
 of mcore-fsdp's DTensor state dicts instead. Either way ``rng.*`` holds each rank's random-number
 states (unless ``no_save_rng``), restored only under the same layout (see ``random_states``).
+
+Each part is a ``Stateful`` component (``stateful``): the model with its optimizer
+(``TrainModel.checkpoint_state``: ``ParamStatesCheckpoint`` here, ``FSDPCheckpoint`` with ``--fsdp``),
+``LossHistory`` and ``RandomStates`` (``checkpoint_components``); saving merges their entries,
+loading fills the merged dict in place and hands it back to each.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,12 +34,11 @@ from ..transformer.moe.expert_names import (
     global_expert_name,
 )
 from ..transformer.process_groups import resolve_process_groups
+from .checkpoint_components import LossHistory, RandomStates
 from .expert_tp_checkpoint import SliceBack, copy_slices_back, whole_expert_tensor
-from .fsdp import FSDPOptimizer, fsdp_checkpoint_state, load_fsdp_checkpoint_state
 from .model_setup import TrainModel
-from .random_states import restore_rng_state, rng_checkpoint_state, rng_entries_to_load
-
-HISTORY_KEY = "history"
+from .optimizer_protocol import ParamStatesOptimizer, TrainOptimizer
+from .stateful import Stateful, checkpoint_entries, load_entries
 
 
 def _partition_dim(param: torch.Tensor) -> int | None:
@@ -169,11 +172,65 @@ def inference_model_state_dict(
     return state, finish
 
 
+class ParamStatesCheckpoint:
+    """The model and ``ParamStatesOptimizer`` entries of a checkpoint (``training_state_dict``'s keys).
+
+    Given ``loading`` (the checkpointer to load from), ``state_dict()`` gives the views to fill:
+    buffers the checkpoint lacks left out, whole expert tensors cut back by ``load_state_dict``,
+    which also hands the loaded optimizer states to the optimizer (fresh ones without them)."""
+
+    def __init__(
+        self,
+        model: TrainModel,
+        optimizer: ParamStatesOptimizer,
+        tp_group: dist.ProcessGroup,
+        *,
+        with_optimizer: bool = True,
+        loading: DistributedCheckpointer | None = None,
+    ):
+        self.model, self.optimizer, self.tp_group = model, optimizer, tp_group
+        self.with_optimizer, self.loading = with_optimizer, loading
+        self._states: dict | None = None
+        self._slice_back: list[SliceBack] = []
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's entries (collective: whole expert tensors are gathered)."""
+        if self.loading is None:
+            return training_state_dict(self.model, self.optimizer, self.tp_group, self.with_optimizer)
+        self._states = self.optimizer.gather_param_states() if self.with_optimizer else None
+        saved, self._slice_back = self.loading.saved_keys(), []
+        return training_state_dict(
+            self.model,
+            self.optimizer,
+            self.tp_group,
+            self.with_optimizer,
+            self._states,
+            saved,
+            self._slice_back,
+        )
+
+    def load_state_dict(self, state) -> None:
+        """Put the loaded values in place (the model's already are: its entries are views)."""
+        copy_slices_back(self._slice_back)
+        if self.with_optimizer:  # ``self._states`` now holds the loaded values
+            self.optimizer.scatter_param_states(self._states, int(state["optimizer.step"]))
+            return
+        fresh = {  # fresh optimizer state on the loaded weights
+            p: {
+                "main": p.detach().float(),
+                "exp_avg": torch.zeros_like(p, dtype=torch.float32),
+                "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
+            }
+            for p in self.model.container.parameters()
+        }
+        self.optimizer.scatter_param_states(fresh, 0)
+
+
 @experimental_api
 def save_training_checkpoint(
     checkpointer: DistributedCheckpointer,
     model: TrainModel,
-    optimizer,
+    optimizer: TrainOptimizer,
     tp_group: dist.ProcessGroup,
     iteration: int,
     history: dict,
@@ -190,13 +247,24 @@ def save_training_checkpoint(
     With ``async_save`` the tensors are staged (copied) here and written in the background:
     ``checkpointer.wait()`` (or the next save) completes it and marks it latest."""
     with_optimizer = not checkpointer.config.no_save_optim
-    if isinstance(optimizer, FSDPOptimizer):
-        state = fsdp_checkpoint_state(model, optimizer, with_optimizer)
-    else:
-        state = training_state_dict(model, optimizer, tp_group, with_optimizer)
-    state[HISTORY_KEY] = json.dumps(history)
+    components: list[Stateful] = [
+        model.checkpoint_state(optimizer, tp_group, with_optimizer=with_optimizer),
+        LossHistory(history),
+    ]
     if not checkpointer.config.no_save_rng:
-        state |= rng_checkpoint_state(resolve_process_groups(groups))
+        components.append(RandomStates(resolve_process_groups(groups)))
+    return save_components(checkpointer, components, iteration, write_files)
+
+
+@internal_api
+def save_components(
+    checkpointer: DistributedCheckpointer,
+    components: list[Stateful],
+    iteration: int,
+    write_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Save the merged entries of ``components`` as the checkpoint of ``iteration`` (collective)."""
+    state = checkpoint_entries(components)
     if checkpointer.config.async_save:  # torch's stager cannot copy views of DDP's flat buffers
         state = _cloned(state)
     checkpointer.save(state, iteration, write_files=write_files)
@@ -214,7 +282,7 @@ def _cloned(state):
 def load_training_checkpoint(
     checkpointer: DistributedCheckpointer,
     model: TrainModel,
-    optimizer,
+    optimizer: TrainOptimizer,
     tp_group: dist.ProcessGroup,
     groups: ProcessGroupCollection | None = None,
 ) -> tuple[int, dict]:
@@ -226,32 +294,19 @@ def load_training_checkpoint(
     states stay. Returns the iteration loaded and the saved history (empty when there is none).
     """
     with_optimizer = not checkpointer.config.no_load_optim
-    groups = resolve_process_groups(groups)
-    rng = rng_entries_to_load(checkpointer, groups)
-    if isinstance(optimizer, FSDPOptimizer):
-        state = fsdp_checkpoint_state(model, optimizer, with_optimizer) | {HISTORY_KEY: ""} | rng
-        iteration = checkpointer.load(state)
-        load_fsdp_checkpoint_state(model, optimizer, state)
-    else:
-        states = optimizer.gather_param_states() if with_optimizer else None
-        saved = checkpointer.saved_keys()
-        slice_back: list[SliceBack] = []
-        state = training_state_dict(model, optimizer, tp_group, with_optimizer, states, saved, slice_back)
-        state |= {HISTORY_KEY: ""} | rng
-        iteration = checkpointer.load(state)
-        copy_slices_back(slice_back)
-        if with_optimizer:  # ``states`` now holds the loaded values
-            optimizer.scatter_param_states(states, int(state["optimizer.step"]))
-        else:  # fresh optimizer state on the loaded weights
-            fresh = {
-                p: {
-                    "main": p.detach().float(),
-                    "exp_avg": torch.zeros_like(p, dtype=torch.float32),
-                    "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
-                }
-                for p in model.container.parameters()
-            }
-            optimizer.scatter_param_states(fresh, 0)
-    if rng:
-        restore_rng_state({key: state[key] for key in rng}, groups)
-    return iteration, json.loads(state[HISTORY_KEY])
+    rng = RandomStates.for_load(checkpointer, resolve_process_groups(groups))
+    model_state = model.checkpoint_state(
+        optimizer, tp_group, with_optimizer=with_optimizer, loading=checkpointer
+    )
+    history = LossHistory(loading=True)
+    iteration = load_components(checkpointer, [model_state, history, rng])
+    return iteration, history.history
+
+
+@internal_api
+def load_components(checkpointer: DistributedCheckpointer, components: list[Stateful]) -> int:
+    """Load the latest checkpoint into ``components`` (collective); returns its iteration."""
+    state = checkpoint_entries(components)
+    iteration = checkpointer.load(state)
+    load_entries(components, state)
+    return iteration

@@ -92,6 +92,10 @@ class FSDPTrainModel(TrainModel):
 
     expert_names: ExpertCheckpointNames | None = None
 
+    def checkpoint_state(self, optimizer, tp_group=None, *, with_optimizer: bool = True, loading=None):
+        """The ``Stateful`` checkpoint component: the DTensor state dicts (``FSDPCheckpoint``)."""
+        return FSDPCheckpoint(self, optimizer, with_optimizer=with_optimizer)
+
 
 def build_fsdp_train_model(
     config: TrainModelConfig,
@@ -225,6 +229,21 @@ def load_fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, 
             {**saved, "params": params} for saved, params in zip(optim["param_groups"], members, strict=False)
         ]
         load_optimizer_state_dict(sharded, optimizer.optimizer, {**optim, "param_groups": groups})
+
+
+class FSDPCheckpoint:
+    """The ``model`` and ``optimizer`` entries of an ``--fsdp`` checkpoint (``fsdp_checkpoint_state``)."""
+
+    def __init__(self, model: FSDPTrainModel, optimizer: FSDPOptimizer, *, with_optimizer: bool = True):
+        self.model, self.optimizer, self.with_optimizer = model, optimizer, with_optimizer
+
+    def state_dict(self) -> dict:
+        """``{"model", "optimizer"}``: the DTensor state dicts, experts named globally (collective)."""
+        return fsdp_checkpoint_state(self.model, self.optimizer, self.with_optimizer)
+
+    def load_state_dict(self, state) -> None:
+        """Load the filled state dicts into the sharded model and the optimizer."""
+        load_fsdp_checkpoint_state(self.model, self.optimizer, state)
 
 
 def fsdp_parameter_count(model: FSDPTrainModel) -> int:

@@ -41,3 +41,22 @@ def learning_rate(iteration: int, peak_lr: float, config: SchedulerConfig, train
     else:  # cosine
         fraction = 0.5 * (1.0 + math.cos(math.pi * progress))
     return config.min_lr + (peak_lr - config.min_lr) * fraction
+
+
+class LearningRateSchedule:
+    """The schedule of a run as a component: ``apply(optimizer, iteration)`` sets the rate of every
+    parameter group. It keeps no state (a resumed run recomputes it from the iteration)."""
+
+    def __init__(self, peak_lr: float, config: SchedulerConfig, train_iters: int):
+        self.peak_lr, self.config, self.train_iters = peak_lr, config, train_iters
+
+    def __call__(self, iteration: int) -> float:
+        """The learning rate of 1-based ``iteration`` (see ``learning_rate``)."""
+        return learning_rate(iteration, self.peak_lr, self.config, self.train_iters)
+
+    def apply(self, optimizer, iteration: int) -> float:
+        """Set ``iteration``'s rate in ``optimizer.param_groups``; returns it."""
+        lr = self(iteration)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr

@@ -57,6 +57,16 @@ class TrainModel:
             return f"decoder.layers.{number - 1}.{rest}"
         return _CHUNK.match(local_name)[2]
 
+    def checkpoint_state(self, optimizer, tp_group, *, with_optimizer: bool = True, loading=None):
+        """The ``Stateful`` checkpoint component of this model and ``optimizer`` (a
+        ``ParamStatesOptimizer``): parameters named globally, TP shards by their global shape (see
+        ``checkpointing.ParamStatesCheckpoint``; ``loading``: the checkpointer to load from)."""
+        from .checkpointing import ParamStatesCheckpoint
+
+        return ParamStatesCheckpoint(
+            self, optimizer, tp_group, with_optimizer=with_optimizer, loading=loading
+        )
+
 
 @experimental_api
 def build_train_model(
