@@ -4,7 +4,13 @@ import json
 import sys
 
 import pytest
-from mcore_models.training import main, parse_train_args, resolve_configs
+from mcore_models.training import (
+    SchedulerConfig,
+    TrainModelConfig,
+    main,
+    parse_train_args,
+    resolve_configs,
+)
 from mcore_parallel import ConfigError
 
 
@@ -35,6 +41,8 @@ def test_defaults_and_checkpoint_directory():
     assert configs.model.num_layers == 4 and configs.model.hidden_size == 128
     assert configs.model.ffn_hidden_size == 344 and configs.training.train_iters == 480
     assert configs.training.sample_repetition_penalty == 1.3
+    # the config classes keep their released defaults; only the command's differ
+    assert TrainModelConfig().hidden_size == 256 and SchedulerConfig().lr_decay_style == "cosine"
     assert configs.data.vocab_size == 4096 and configs.data.seq_length == 256
     assert configs.checkpoint.save.endswith("mcore-train-output/checkpoints")
     assert configs.scheduler.lr_decay_style == "WSD"

@@ -11,15 +11,9 @@ def _lr(step, **config):
 
 
 def test_warmup_then_cosine():
-    cosine = dict(lr_decay_style="cosine")
-    assert _lr(5, **cosine) == pytest.approx(0.5) and _lr(10, **cosine) == pytest.approx(1.0)
-    assert _lr(60, **cosine) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert _lr(110, **cosine) == pytest.approx(0.1) and _lr(500, **cosine) == pytest.approx(0.1)
-
-
-def test_the_default_is_wsd():
-    assert SchedulerConfig().lr_decay_style == "WSD"
-    assert _lr(5) == pytest.approx(0.5) and _lr(90) == 1.0 and _lr(100) == pytest.approx(0.55)
+    assert _lr(5) == pytest.approx(0.5) and _lr(10) == pytest.approx(1.0)
+    assert _lr(60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert _lr(110) == pytest.approx(0.1) and _lr(500) == pytest.approx(0.1)
 
 
 def test_linear_and_constant():

@@ -30,6 +30,11 @@ from .resume_config import (
 from .tensorboard_writer import check_tensorboard_available
 from .wandb_writer import check_wandb_available
 
+COMMAND_DEFAULTS = {"hidden_size": 128, "ffn_hidden_size": 344, "train_iters": 480, "lr_decay_style": "WSD"}
+"""Where the command's defaults differ from the config classes' (which keep their released
+values): a narrower model trained for more iterations with a warm-up-stable-decay schedule, which
+reaches a lower held-out loss in the same time on 2 CPU cores."""
+
 DESCRIPTION = (
     "Train a GPT model. With no arguments: build the embedded Python-stdlib dataset (cached), train a "
     "small Llama-style model on 2 local ranks, evaluate it against the unigram baseline and write "
@@ -45,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_train_args(
     argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
 ) -> TrainConfigs:
-    """The configs of ``argv`` (default ``sys.argv[1:]``).
+    """The configs of ``argv`` (default ``sys.argv[1:]``); unset fields take the config classes'
+    defaults, except those of ``COMMAND_DEFAULTS``.
 
     With ``--load DIR`` whose latest checkpoint carries its run's configs, those are the defaults:
     only the flags given explicitly differ from the saved run.
@@ -57,6 +63,7 @@ def parse_train_args(
     parser = parser if parser is not None else build_parser()
     for config_class in TRAIN_CONFIG_CLASSES:
         add_dataclass_arguments(parser, config_class)
+    parser.set_defaults(**COMMAND_DEFAULTS)
     namespace = parser.parse_args(argv)
     resumed = saved_train_configs(namespace.load) if namespace.load is not None else None
     if resumed is not None:

@@ -30,10 +30,10 @@ class TrainModelConfig(TransformerConfig):
     """Model: a TransformerConfig whose defaults are a small Llama-style model that trains in minutes on a CPU."""
 
     num_layers: int = config_field(4, minimum=1, help="Number of transformer layers.")
-    hidden_size: int = config_field(128, minimum=1, help="Width of the residual stream.")
+    hidden_size: int = config_field(256, minimum=1, help="Width of the residual stream.")
     num_attention_heads: int = config_field(4, minimum=1, help="Query heads per attention layer.")
     ffn_hidden_size: int | None = config_field(
-        344, minimum=1, help="Width of the MLP's hidden layer (None: 4 * hidden_size)."
+        688, minimum=1, help="Width of the MLP's hidden layer. Default: 4 * hidden_size."
     )
     normalization: Literal["LayerNorm", "RMSNorm"] = config_field("RMSNorm", help="Normalization layer type.")
     add_bias_linear: bool = config_field(False, help="Biases in all linear layers.")
@@ -68,7 +68,7 @@ class SchedulerConfig:
     """Learning-rate schedule: linear warm-up, then constant, linear, cosine or warmup-stable-decay (WSD)."""
 
     lr_decay_style: Literal["constant", "linear", "cosine", "WSD"] = config_field(
-        "WSD", help="How the learning rate falls from its peak to min_lr after warm-up."
+        "cosine", help="How the learning rate falls from its peak to min_lr after warm-up."
     )
     lr_warmup_iters: int = config_field(16, minimum=0, help="Iterations of linear warm-up from 0 to lr.")
     lr_decay_iters: int | None = config_field(
@@ -150,7 +150,7 @@ class TrainingConfig:
     """Training: iterations, batch sizes, evaluation, output, launching and debugging switches."""
 
     train_iters: int = config_field(
-        480, minimum=1, help="Optimizer steps to train for (in total, resumes included)."
+        160, minimum=1, help="Optimizer steps to train for (in total, resumes included)."
     )
     micro_batch_size: int = config_field(
         4, minimum=1, help="Samples per micro-batch on one data-parallel rank."
@@ -182,11 +182,6 @@ class TrainingConfig:
         64, minimum=0, help="Tokens to generate greedily from the trained model at the end (0: none)."
     )
     sample_prompt: str = config_field("def __init__(self", help="Prompt of the generated sample.")
-    sample_repetition_penalty: float = config_field(
-        1.3,
-        help="Repetition penalty of the greedy sample (Hugging Face's: scores of ids already in the "
-        "sequence divided by it where positive, multiplied where negative; 1: plain greedy).",
-    )
     export_hf: str | None = config_field(
         None,
         help="Also write the final model as a Hugging Face checkpoint to this directory "
@@ -209,6 +204,11 @@ class TrainingConfig:
     )
     moe_router_replay_dir: str | None = config_field(
         None, help="Directory of the recorded routing (routing.json and one file per rank)."
+    )
+    sample_repetition_penalty: float = config_field(
+        1.3,
+        help="Repetition penalty of the greedy sample (Hugging Face's: scores of ids already in the "
+        "sequence divided by it where positive, multiplied where negative; 1: plain greedy).",
     )
 
     def __post_init__(self) -> None:
