@@ -39,7 +39,7 @@ def test_mcore_train_writes_checkpoint_plot_report_and_sample(tiny_data, tmp_pat
 def test_defaults_and_checkpoint_directory():
     configs = parse_train_args([])
     assert configs.model.num_layers == 4 and configs.model.hidden_size == 128
-    assert configs.model.ffn_hidden_size == 344 and configs.training.train_iters == 480
+    assert configs.model.ffn_hidden_size == 344 and configs.training.train_iters == 360
     assert configs.training.sample_repetition_penalty == 1.3
     # the config classes keep their released defaults; only the command's differ
     assert TrainModelConfig().hidden_size == 256 and SchedulerConfig().lr_decay_style == "cosine"
