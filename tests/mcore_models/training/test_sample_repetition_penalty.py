@@ -8,7 +8,7 @@ from mcore_parallel import ConfigError
 
 
 def _batch(seen: list[int], penalty: float) -> dict:
-    return {"last_position": 0, "seen": torch.tensor(seen), "repetition_penalty": penalty}
+    return {"last_position": 0, "seen": tuple(seen), "repetition_penalty": penalty}
 
 
 def test_penalty_by_hand():
@@ -28,7 +28,8 @@ def test_penalty_matches_hugging_face():
             logits = torch.randn(1, 3, 50, generator=generator)
             context = torch.randint(0, 50, (1, 12), generator=generator)
             expected = processors.RepetitionPenaltyLogitsProcessor(penalty)(context, logits[:, 1].clone())
-            batch = {"last_position": 1, "seen": context[0].unique(), "repetition_penalty": penalty}
+            seen = tuple(context[0].unique().tolist())
+            batch = {"last_position": 1, "seen": seen, "repetition_penalty": penalty}
             assert _next_token(logits, batch).item() == expected.argmax().item()
 
 

@@ -60,7 +60,7 @@ def greedy_generate(
                 "tokens": torch.tensor([padded], device=device),
                 "position_ids": torch.arange(len(padded), device=device).unsqueeze(0),
                 "last_position": len(context) - 1,
-                "seen": torch.tensor(sorted(set(ids)), device=device),
+                "seen": tuple(sorted(set(ids))),  # not a tensor: context parallelism splits those
                 "repetition_penalty": repetition_penalty,
             }
             outputs = run_micro_batches(
@@ -86,6 +86,7 @@ def _next_token(logits: torch.Tensor, batch: dict) -> torch.Tensor:
     scores = logits[0, batch["last_position"]].float()
     penalty = batch["repetition_penalty"]
     if penalty != 1.0:
-        seen = scores[batch["seen"]]
-        scores = scores.index_copy(0, batch["seen"], torch.where(seen > 0, seen / penalty, seen * penalty))
+        ids = torch.tensor(batch["seen"], device=scores.device)
+        seen = scores[ids]
+        scores = scores.index_copy(0, ids, torch.where(seen > 0, seen / penalty, seen * penalty))
     return scores.argmax().float()
