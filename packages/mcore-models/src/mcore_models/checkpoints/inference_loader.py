@@ -5,6 +5,7 @@ Hugging Face model directory."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,9 +198,24 @@ def load_mcore_train_model(
             f"{directory} lacks {len(missing)} tensors of the model its {MODEL_CONFIG_FILE} describes, "
             f"e.g. {missing[:3]} (routers' expert biases are in checkpoints of mcore-models after 0.1.8)"
         )
-    dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
+    if dist.get_world_size(groups.tp) == 1:
+        _load_alone(state, directory)
+    else:
+        dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
     finish()
     return model
+
+
+def _load_alone(state: dict[str, torch.Tensor], directory: Path) -> None:
+    """Fill ``state`` (whole tensors) from the checkpoint ``directory`` on this rank alone, without
+    a collective: a one-rank group of any rank but 0 would fail in torch 2.6's ``dcp.load``, which
+    addresses its plan's coordinator by global rank 0."""
+    import torch.distributed.checkpoint as dcp
+
+    if "no_dist" in inspect.signature(dcp.load).parameters:
+        dcp.load(state, checkpoint_id=directory, no_dist=True)
+    else:  # torch 2.6: dcp.load has no no_dist
+        dcp.load_state_dict(state, dcp.FileSystemReader(directory), no_dist=True)
 
 
 def _load_hf(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:
