@@ -96,10 +96,12 @@ def _train_each_build(tiny):
         expected = runs["unit_classes"][0].full_state_dict()
         for name, (model, _) in runs.items():
             assert all(isinstance(block, FSDPModule) for block in model.blocks)
+            # Nested units shard other flat buffers, so each rank sums other slices into the
+            # gradient norm: equal to float32 rounding, not bit for bit. The rest have the units
+            # of unit_classes and must match it exactly.
+            exact = dict(rtol=1e-6, atol=1e-7) if name == "nested" else dict(rtol=0, atol=0)
             for key, value in model.full_state_dict().items():
-                torch.testing.assert_close(
-                    value, expected[key], rtol=0, atol=0, msg=f"{strategy} {name} {key}"
-                )
+                torch.testing.assert_close(value, expected[key], **exact, msg=f"{strategy} {name} {key}")
                 torch.testing.assert_close(value, reference.state_dict()[key], rtol=1e-5, atol=1e-6)
     return counts
 

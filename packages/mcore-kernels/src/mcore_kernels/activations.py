@@ -9,14 +9,16 @@ import math
 
 import torch
 
-from . import activation_reference
+from . import activation_native, activation_reference
 from .activation_reference import ActivationSpec
-from .dispatch import select_backend, select_forward_backend
+from .dispatch import autograd_records, select_backend, select_elementwise_backend
 
 
 def _backend(name: str):
     if name == "reference":
         return activation_reference
+    if name == "native":
+        return activation_native
     return importlib.import_module("mcore_kernels.activation_triton")
 
 
@@ -39,9 +41,6 @@ class _ActivationFunction(torch.autograd.Function):
             dout.reshape(rows.shape[0], dout.shape[-1]).contiguous(), rows, weights, spec
         )
         return dx.view(shape), None if dprobs is None else dprobs.view(probs_shape), None, None
-
-
-_PLAIN_SWIGLU = ActivationSpec("silu", True)
 
 
 def _number(op: str, name: str, value, *, positive: bool = False, non_negative: bool = False) -> None:
@@ -76,11 +75,15 @@ def _activate(op: str, x, probs, spec: ActivationSpec) -> torch.Tensor:
     _number(op, "offset", spec.offset)
     if spec.clamp is not None:
         _number(op, "limit" if op == "clamped_swiglu" else "clamp", spec.clamp, non_negative=True)
-    if spec == _PLAIN_SWIGLU and probs is None:  # the one activation with a native (inference) kernel
-        if select_forward_backend(op, x, x) == "native":
+    if spec == activation_native.PLAIN_SWIGLU and probs is None:  # the one with a native kernel
+        backend = select_elementwise_backend(op, x)
+        if backend == "native" and not autograd_records(x):  # inference: the kernel without autograd
             rows = x.reshape(-1, x.shape[-1]).contiguous()
-            return torch.ops.mcore_kernels_cpu.swiglu(rows).view(*x.shape[:-1], x.shape[-1] // 2)
-    backend = select_backend(op, x)
+            return activation_native.activation_forward(rows, None, spec).view(
+                *x.shape[:-1], x.shape[-1] // 2
+            )
+    else:
+        backend = select_backend(op, x)
     return _ActivationFunction.apply(x, probs, spec, backend)
 
 

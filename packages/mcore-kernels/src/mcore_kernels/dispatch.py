@@ -105,23 +105,25 @@ def select_backend(op: str, tensor: torch.Tensor, *, kernels: tuple[str, ...] = 
 NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def select_forward_backend(op: str, tensor: torch.Tensor, *inputs: torch.Tensor | None) -> str:
-    """``select_backend`` for an op with a Triton kernel and a forward-only native one (an
-    inference kernel: float32, bfloat16 and float16, no backward). ``auto`` takes the native
-    kernel only where autograd records nothing (grad mode off, or no ``inputs`` requiring grad)
-    and the dtype is one of those; forcing ``native`` elsewhere raises ``KernelBackendError``."""
-    differentiating = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
-    unsupported = tensor.dtype not in NATIVE_ELEMENTWISE_DTYPES
-    if not (differentiating or unsupported):
+def select_elementwise_backend(op: str, tensor: torch.Tensor) -> str:
+    """``select_backend`` for an op with a Triton kernel and a native C++ CPU one, forward and
+    backward, that takes float32, bfloat16 and float16 (``rms_norm``, ``swiglu``,
+    ``apply_rotary``). ``auto`` runs other dtypes (float64) on the reference; forcing ``native``
+    for them raises ``KernelBackendError``."""
+    if tensor.dtype in NATIVE_ELEMENTWISE_DTYPES:
         return select_backend(op, tensor, kernels=("triton", "native"))
     if requested_backend() == "native":
-        why = (
-            f"takes float32, bfloat16 or float16, not {tensor.dtype}"
-            if unsupported
-            else "has no backward, and autograd records this call (an input requires grad)"
+        raise KernelBackendError(
+            f"{op}: the native backend was forced but its kernel takes float32, bfloat16 or float16, "
+            f"not {tensor.dtype}"
         )
-        raise KernelBackendError(f"{op}: the native backend was forced but its kernel {why}")
     return select_backend(op, tensor, kernels=("triton",))
+
+
+def autograd_records(*inputs: torch.Tensor | None) -> bool:
+    """Whether autograd records a call on ``inputs``: grad mode is on and one of them requires grad
+    (an op may then skip its autograd function and call a kernel directly)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
 
 
 def _native(op: str, tensor: torch.Tensor) -> str:

@@ -8,13 +8,15 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from . import norm_reference
-from .dispatch import select_backend, select_forward_backend
+from . import norm_native, norm_reference
+from .dispatch import autograd_records, select_backend, select_elementwise_backend
 
 
 def _backend(name: str):
     if name == "reference":
         return norm_reference
+    if name == "native":
+        return norm_native
     return importlib.import_module("mcore_kernels.norm_triton")
 
 
@@ -83,18 +85,19 @@ def rms_norm(
     ``1 + weight``. Statistics in float32, the output in ``x``'s dtype. Returns the output, or
     ``(output, h)`` with a residual (``h`` is the next residual stream). Differentiable."""
     _check("rms_norm", x, weight, None, residual, eps)
-    backend = select_forward_backend("rms_norm", x, x, weight, residual)
-    if backend == "native":
+    backend = select_elementwise_backend("rms_norm", x)
+    if backend == "native" and not autograd_records(x, weight, residual):
         return _native_rms_norm(x, weight, residual, float(eps), zero_centered_gamma)
     return _NormFunction.apply(x, weight, None, residual, float(eps), zero_centered_gamma, True, backend)
 
 
 def _native_rms_norm(x, weight, residual, eps, zero_centered_gamma):
-    """The C++ CPU kernel's forward (``native_build``): no autograd, the same results."""
+    """The C++ CPU kernel's forward (``native_build``) called directly, where autograd records
+    nothing (inference): no autograd function around it, the same results."""
     shape = x.shape
     rows = x.reshape(-1, shape[-1]).contiguous()
     extra = None if residual is None else residual.reshape(-1, shape[-1]).contiguous()
-    y, h = torch.ops.mcore_kernels_cpu.rms_norm(rows, weight.contiguous(), extra, eps, zero_centered_gamma)
+    y, h, _ = torch.ops.mcore_kernels_cpu.rms_norm(rows, weight.contiguous(), extra, eps, zero_centered_gamma)
     return y.view(shape) if residual is None else (y.view(shape), h.view(shape))
 
 

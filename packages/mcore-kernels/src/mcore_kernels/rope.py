@@ -9,13 +9,15 @@ import math
 
 import torch
 
-from . import rope_reference
-from .dispatch import select_forward_backend
+from . import rope_native, rope_reference
+from .dispatch import autograd_records, select_elementwise_backend
 
 
 def _backend(name: str):
     if name == "reference":
         return rope_reference
+    if name == "native":
+        return rope_native
     return importlib.import_module("mcore_kernels.rope_triton")
 
 
@@ -107,13 +109,13 @@ def apply_rotary(
     tables in. Computed in float32, returned in ``x``'s dtype. Differentiable in ``x`` (the tables
     get no gradient). Apply it to queries and keys alike."""
     _check(x, cos, sin)
-    backend = select_forward_backend("apply_rotary", x, x)
+    backend = select_elementwise_backend("apply_rotary", x)
     if x.numel() == 0:
         return x.clone()
     cos_rows, sin_rows, group = _table_rows(x, cos, sin)
-    if backend == "native":
+    if backend == "native" and not autograd_records(x):  # inference: the kernel without autograd
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        return torch.ops.mcore_kernels_cpu.rotary(rows, cos_rows, sin_rows, bool(interleaved)).view(x.shape)
+        return rope_native.rotate(rows, cos_rows, sin_rows, bool(interleaved), False).view(x.shape)
     return _RotaryFunction.apply(x, cos_rows, sin_rows, group, bool(interleaved), backend)
 
 
