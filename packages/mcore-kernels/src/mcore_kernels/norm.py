@@ -97,7 +97,7 @@ def _native_rms_norm(x, weight, residual, eps, zero_centered_gamma):
     shape = x.shape
     rows = x.reshape(-1, shape[-1]).contiguous()
     extra = None if residual is None else residual.reshape(-1, shape[-1]).contiguous()
-    y, h, _ = torch.ops.mcore_kernels_cpu.rms_norm(rows, weight.contiguous(), extra, eps, zero_centered_gamma)
+    y, h, _, _ = norm_native.norm_forward(rows, weight, None, extra, eps, zero_centered_gamma, True)
     return y.view(shape) if residual is None else (y.view(shape), h.view(shape))
 
 

@@ -28,6 +28,12 @@ using namespace mcore_kernels;
 
 constexpr int64_t kRowsPerBlock = 32;  // dweight's partial sums: one per block of rows
 
+// gamma in float32: weight, or 1 + weight with a zero-centred gamma.
+at::Tensor float_gamma(const at::Tensor& weight, bool zero_centered_gamma) {
+  const at::Tensor gamma = weight.to(at::kFloat).contiguous();
+  return zero_centered_gamma ? gamma + 1.0 : gamma;
+}
+
 // One row: h (written when a residual is added), its sum of squares, then y; returns rstd.
 template <typename T>
 float norm_row(const T* x, const T* residual, T* h, const float* gamma, int64_t n, float eps, T* y) {
@@ -74,8 +80,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, con
   TORCH_CHECK(!residual.has_value() || (residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() &&
                                         residual->is_contiguous()),
               "rms_norm: residual must be a contiguous tensor of x's shape and dtype");
-  at::Tensor gamma = weight.to(at::kFloat).contiguous();
-  if (zero_centered_gamma) gamma = gamma + 1.0;
+  const at::Tensor gamma = float_gamma(weight, zero_centered_gamma);
   auto y = at::empty_like(x);
   auto h = residual.has_value() ? at::empty_like(x) : at::empty({0}, x.options());
   const int64_t rows = x.size(0), n = x.size(1);
@@ -124,8 +129,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == h.size(1), "rms_norm_backward: weight must be [N]");
   TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.dim() == 1 && rstd.size(0) == h.size(0) && rstd.is_contiguous(),
               "rms_norm_backward: rstd must be a contiguous float32 [M] tensor");
-  at::Tensor gamma = weight.to(at::kFloat).contiguous();
-  if (zero_centered_gamma) gamma = gamma + 1.0;
+  const at::Tensor gamma = float_gamma(weight, zero_centered_gamma);
   const int64_t rows = h.size(0), n = h.size(1), blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   auto dh = at::empty_like(h);
   auto partial = at::zeros({std::max<int64_t>(blocks, 1), n}, h.options().dtype(at::kFloat));
@@ -147,10 +151,11 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const
   auto dweight = at::empty({n}, partial.options());
   float* total = dweight.data_ptr<float>();
   const float* sums = partial.data_ptr<float>();
+  const int64_t partial_rows = partial.size(0);
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float value = 0.f;
-      for (int64_t b = 0; b < partial.size(0); ++b) value += sums[b * n + i];
+      for (int64_t b = 0; b < partial_rows; ++b) value += sums[b * n + i];
       total[i] = value;
     }
   });

@@ -74,9 +74,7 @@ class GroupedExperts(torch.nn.Module):
     def _grouped(self, rows: torch.Tensor, tokens_per_expert: list[int], probs: torch.Tensor | None):
         counts = torch.tensor(tokens_per_expert, device=rows.device)
         offsets = torch.cumsum(counts, 0).to(torch.int32)
-        expert_of_row = torch.repeat_interleave(
-            torch.arange(self.num_local_experts, device=rows.device), counts
-        )
+        expert_of_row = None if self.bias1 is None else self._expert_of_row(counts)
         x = torch._grouped_mm(_packed_rows(rows), self.weight1.transpose(1, 2), offs=offsets)
         if self.bias1 is not None:
             x = x + self.bias1[:, 0].index_select(0, expert_of_row)
@@ -87,11 +85,15 @@ class GroupedExperts(torch.nn.Module):
             x = x + output_bias(self.bias2, self.expert_tp_group)[:, 0].index_select(0, expert_of_row)
         return x
 
+    def _expert_of_row(self, counts: torch.Tensor) -> torch.Tensor:
+        """The local expert of each row, rows grouped by expert with ``counts`` rows each."""
+        return torch.repeat_interleave(torch.arange(self.num_local_experts, device=counts.device), counts)
+
     def _padded(self, rows: torch.Tensor, tokens_per_expert: list[int], probs: torch.Tensor | None):
         experts, device = self.num_local_experts, rows.device
         counts = torch.tensor(tokens_per_expert, device=device)
         longest = max(tokens_per_expert, default=0)
-        expert_of_row = torch.repeat_interleave(torch.arange(experts, device=device), counts)
+        expert_of_row = self._expert_of_row(counts)
         start = torch.cumsum(counts, 0) - counts
         slot = expert_of_row * longest + torch.arange(rows.shape[0], device=device) - start[expert_of_row]
         batch = rows.new_zeros(experts * longest, rows.shape[-1]).index_copy(0, slot, rows)
