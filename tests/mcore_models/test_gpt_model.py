@@ -202,3 +202,25 @@ def test_activation_recompute_gives_the_same_gradients(variant, recompute, run_d
         return max((grads[0][n] - grads[1][n]).abs().max().item() for n in grads[0])
 
     assert run_distributed(body, 1)[0] <= 1e-6
+
+
+@pytest.mark.parametrize("variant", ["llama-like", "gpt-like"])
+def test_tensor_parallel_model_draws_the_one_process_weights(variant, run_distributed):
+    """Seeded alike, a TP = 2 model holds the slices of the TP = 1 model's weights; a gated fc1 holds
+    ``[its gate slice; its up slice]`` of the one process's ``[gate; up]``."""
+
+    def body():
+        expected = _reference(variant, _single_rank_groups()).state_dict()
+        groups = initialize_model_parallel(tensor_model_parallel_size=2)
+        torch.manual_seed(0)
+        model = GPTModel(_config(variant, tensor_model_parallel_size=2), VOCAB, pg_collection=groups)
+        params = dict(model.named_parameters())
+        return {
+            name: torch.equal(gather_tensor(params[name], groups.tp), value)
+            for name, value in expected.items()
+            if name in params
+        }
+
+    for equal in run_distributed(body, 2, timeout=60):
+        assert any("linear_fc1" in name for name in equal)
+        assert all(equal.values()), [name for name, same in equal.items() if not same]

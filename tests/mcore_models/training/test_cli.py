@@ -62,7 +62,7 @@ def test_bad_layouts_name_the_fields():
 
 def test_fsdp_errors_name_the_flag(capsys, monkeypatch):
     with pytest.raises(SystemExit):
-        main(["--fsdp", "--tensor-model-parallel-size", "2"])
+        main(["--fsdp", "--pipeline-model-parallel-size", "2"])
     assert "fsdp" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "mcore_fsdp", None)  # not installed
     with pytest.raises(SystemExit):

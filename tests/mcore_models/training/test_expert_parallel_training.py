@@ -376,8 +376,8 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
         ),
         (
             4,
-            ["--expert-tensor-parallel-size", "2", "--fsdp", "--tensor-model-parallel-size", "2"],
-            "fsdp, tensor_model_parallel_size, pipeline_model_parallel_size",
+            ["--expert-tensor-parallel-size", "2", "--fsdp", "--pipeline-model-parallel-size", "2"],
+            "fsdp, pipeline_model_parallel_size",
         ),
         (
             2,
@@ -397,7 +397,7 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
     ids=[
         "etp-x-ep-does-not-divide-the-ranks",
         "etp-x-ep-does-not-divide-a-pipeline-stage",
-        "fsdp-with-tp2",
+        "fsdp-with-pp2",
         "tokens-not-divisible-by-tp",
     ],
 )

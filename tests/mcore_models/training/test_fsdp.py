@@ -53,22 +53,16 @@ def test_fsdp_losses_equal_data_parallel_and_resume_exactly(
 
 @pytest.mark.parametrize(
     ("world", "layout", "experts"),
-    [
-        (2, dict(tp=2), 1),
-        (2, dict(pp=2), 1),
-        (2, dict(pp=2, vpp=2), 1),
-        (4, dict(tp=2), 2),
-        (4, dict(pp=2), 2),
-    ],
-    ids=["tp2", "pp2", "pp2-vpp2", "tp2-ep2", "pp2-ep2"],
+    [(2, dict(pp=2), 1), (2, dict(pp=2, vpp=2), 1), (4, dict(pp=2), 2)],
+    ids=["pp2", "pp2-vpp2", "pp2-ep2"],
 )
-def test_fsdp_needs_tp_pp_1(world, layout, experts, tiny_configs, tmp_path):
-    """--fsdp shards over data- and context-parallel ranks only, with or without expert parallelism."""
+def test_fsdp_needs_pp_1(world, layout, experts, tiny_configs, tmp_path):
+    """--fsdp shards each whole model over data-parallel ranks (TP inside): pipeline stages are refused."""
     configs = tiny_configs(tmp_path, fsdp=True, **layout)
     if experts > 1:
         moe = dict(num_moe_experts=4, moe_router_topk=2, expert_model_parallel_size=experts)
         configs.model = dataclasses.replace(configs.model, **moe)
     with pytest.raises(ConfigError) as error:
         resolve_configs(configs, world)
-    assert str(error.value).startswith("fsdp, tensor_model_parallel_size, pipeline_model_parallel_size: ")
-    assert "TP = PP = 1" in str(error.value)
+    assert str(error.value).startswith("fsdp, pipeline_model_parallel_size: ")
+    assert "PP = 1" in str(error.value)

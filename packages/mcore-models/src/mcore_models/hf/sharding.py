@@ -53,14 +53,18 @@ def load_full_state_dict(
             local.copy_(shard)
 
 
-def gather_tensor(local: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:
-    """The full tensor of the local shard ``local`` (collective over ``tp_group``)."""
+def gather_tensor(
+    local: torch.Tensor, tp_group: dist.ProcessGroup, value: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The full tensor of the local shard ``local`` (collective over ``tp_group``); with ``value``
+    (a tensor of ``local``'s shape, e.g. an optimizer state of it), the full tensor of ``value``."""
+    value = (local if value is None else value).detach()
     world_size = dist.get_world_size(tp_group)
     if not getattr(local, "tensor_model_parallel", False) or world_size == 1:
-        return local.detach().clone()
+        return value.clone()
     dim = local.partition_dim
-    pieces = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(pieces, local.detach().contiguous(), group=tp_group)
+    pieces = [torch.empty_like(value) for _ in range(world_size)]
+    dist.all_gather(pieces, value.contiguous(), group=tp_group)
     if getattr(local, "gated_halves", False):
         halves = [p.chunk(2, dim) for p in pieces]
         return torch.cat(

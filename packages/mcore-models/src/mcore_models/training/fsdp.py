@@ -4,7 +4,10 @@ The ``GPTModel`` is sharded with ``mcore_fsdp.fully_shard`` over the data-parall
 ``TransformerLayer`` a sharding unit (embedding and output layer form the root unit). Adam/AdamW
 runs on the FP32 main-parameter shards and clips with the model's ``clip_grad_norm_``; checkpoints
 are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
-ranks and any strategy. With expert (or expert-tensor) parallelism the experts shard over the
+ranks and any strategy. With tensor parallelism each rank shards its slices over the data-parallel
+group; the gradient norm counts each slice once and the parameters TP replicates once, and
+checkpoints hold the slices whole (see ``fsdp_tensor_parallel``), so any tensor-parallel size loads
+them. With expert (or expert-tensor) parallelism the experts shard over the
 expert-data-parallel group, their gradients scaled as DDP scales them, the gradient norm counts
 each expert slice once, and checkpoints name them globally and whole (see ``fsdp_experts``), so
 any expert-parallel and expert-tensor-parallel size loads them. ``mcore_fsdp`` is imported only
@@ -32,6 +35,7 @@ from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
 from .extras import import_extra
 from .fsdp_experts import ExpertCheckpointNames
+from .fsdp_tensor_parallel import TensorParallelNames
 from .model_setup import TrainModel
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -47,21 +51,18 @@ def check_fsdp_available() -> None:
 
 
 def check_fsdp_layout(configs: TrainConfigs) -> None:
-    """``--fsdp`` shards over data- (and context-) parallel ranks only, and reduces gradients its own way.
+    """``--fsdp`` shards each pipeline stage whole, and reduces gradients its own way.
 
     Raises:
-        ConfigError: TP, PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
+        ConfigError: PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
             bucket size or summed gradients, or a partial optimizer offload with ``--fsdp``.
     """
     model = configs.model
-    if (
-        model.tensor_model_parallel_size != 1
-        or model.pipeline_model_parallel_size != 1
-        or model.virtual_pipeline_model_parallel_size is not None
-    ):
+    if model.pipeline_model_parallel_size != 1 or model.virtual_pipeline_model_parallel_size is not None:
         raise ConfigError(
-            ["fsdp", "tensor_model_parallel_size", "pipeline_model_parallel_size"],
-            "--fsdp needs TP = PP = 1 (it shards over data- and context-parallel ranks only)",
+            ["fsdp", "pipeline_model_parallel_size"],
+            "--fsdp needs PP = 1 (it shards the whole model over data- and context-parallel ranks, "
+            "inside tensor parallelism)",
         )
     if configs.ddp.use_distributed_optimizer:
         raise ConfigError(
@@ -88,9 +89,16 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
 @dataclass
 class FSDPTrainModel(TrainModel):
     """A ``TrainModel`` whose ``ddp`` is the sharded model; ``expert_names`` (with expert
-    parallelism) names its experts globally in checkpoints."""
+    parallelism) names its experts globally in checkpoints, ``tp_names`` (with tensor parallelism)
+    holds its tensor-parallel slices whole there."""
 
     expert_names: ExpertCheckpointNames | None = None
+    tp_names: TensorParallelNames | None = None
+
+    @property
+    def names(self) -> list:
+        """The checkpoint-name converters in use: experts first, then tensor-parallel slices."""
+        return [names for names in (self.expert_names, self.tp_names) if names is not None]
 
     def checkpoint_state(self, optimizer, tp_group=None, *, with_optimizer: bool = True, loading=None):
         """The ``Stateful`` checkpoint component: the DTensor state dicts (``FSDPCheckpoint``)."""
@@ -105,16 +113,17 @@ def build_fsdp_train_model(
     seed: int,
     offload_optimizer: bool = False,
 ) -> FSDPTrainModel:
-    """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at TP = PP = 1), sharded;
-    with ``offload_optimizer`` its FP32 main parameters, gradients and so the optimizer state live
-    on the CPU. With expert (or expert-tensor) parallelism the experts (slices) shard over
-    ``groups.expert_dp`` and their gradients are divided by the data-parallel size, as DDP divides them.
+    """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at PP = 1; with TP, this
+    rank's slices), sharded; with ``offload_optimizer`` its FP32 main parameters, gradients and so
+    the optimizer state live on the CPU. With expert (or expert-tensor) parallelism the experts
+    (slices) shard over ``groups.expert_dp`` and their gradients are divided by the data-parallel
+    size, as DDP divides them.
 
     ``TrainModel.ddp`` is the sharded model itself: its ``no_sync`` is what the schedule uses.
     """
     from mcore_fsdp import MixedPrecision, fully_shard
 
-    model_parallel_manual_seed(seed, 0)
+    model_parallel_manual_seed(seed, dist.get_rank(groups.tp))
     model = GPTModel(config, vocab_size, pg_collection=groups)
     dtype = config.params_dtype
     precision = (
@@ -131,6 +140,7 @@ def build_fsdp_train_model(
             expert_gradient_divide_factor=dist.get_world_size(mesh),
         )
         names = ExpertCheckpointNames(model, groups.ep, groups.expert_dp, groups.expert_tp)
+    tp_names = TensorParallelNames(model, groups.tp, mesh) if dist.get_world_size(groups.tp) > 1 else None
     fully_shard(
         model,
         mesh=mesh,
@@ -140,22 +150,21 @@ def build_fsdp_train_model(
         offload_optimizer=offload_optimizer,
         **experts,
     )
-    return FSDPTrainModel([model], torch.nn.ModuleList([model]), model, names)
+    return FSDPTrainModel([model], torch.nn.ModuleList([model]), model, names, tp_names)
 
 
 class FSDPOptimizer:
     """Adam/AdamW on the sharded model's FP32 main-parameter shards, clipped by the global norm
-    (with ``expert_names``, each expert tensor that expert-tensor-parallel ranks share counted once)."""
+    (each tensor that ``names`` say tensor- or expert-tensor-parallel ranks share counted once)."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        config: OptimizerConfig,
-        expert_names: ExpertCheckpointNames | None = None,
-    ):
+    def __init__(self, model: torch.nn.Module, config: OptimizerConfig, names: list | None = None):
         self.model, self.config = model, config
-        self.copies_outside = expert_names.copies_outside_mesh if expert_names is not None else None
+        self.names = names or []
         self.optimizer = build_adam_optimizer(model.parameters(), config)
+
+    def copies_outside(self, param: torch.nn.Parameter) -> int:
+        """How many ranks outside ``param``'s mesh hold its gradient (1: only this one)."""
+        return math.prod(names.copies_outside_mesh(param) for names in self.names)
 
     @property
     def param_groups(self) -> list[dict]:
@@ -172,6 +181,18 @@ class FSDPOptimizer:
         )
         self.optimizer.step()
         return float(norm)
+
+
+def _chained(names: list, to_global: bool):
+    """One ``convert(name, value)`` applying each of ``names``' conversions (in reverse to load)."""
+    steps = [n.to_global for n in names] if to_global else [n.to_local for n in reversed(names)]
+
+    def convert(name, value):
+        for step in steps:
+            name, value = step(name, value)
+        return name, value
+
+    return convert
 
 
 def _renamed(entries: dict, convert) -> dict:
@@ -194,17 +215,18 @@ def fsdp_checkpoint_state(
     (collective), experts named globally."""
     from mcore_fsdp import optimizer_state_dict
 
-    sharded, names = model.chunks[0], model.expert_names
+    sharded, names = model.chunks[0], model.names
     state = {"model": sharded.state_dict()}
     if with_optimizer:
         state["optimizer"] = optimizer_state_dict(sharded, optimizer.optimizer)
-    if names is not None:
-        state["model"] = _renamed(state["model"], names.to_global)
+    if names:
+        to_global = _chained(names, to_global=True)
+        state["model"] = _renamed(state["model"], to_global)
         if with_optimizer:
             optim = state["optimizer"]
-            optim["state"] = _renamed(optim["state"], names.to_global)
+            optim["state"] = _renamed(optim["state"], to_global)
             for group in optim["param_groups"]:
-                group["params"] = [names.to_global(name, None)[0] for name in group["params"]]
+                group["params"] = [to_global(name, None)[0] for name in group["params"]]
     return state
 
 
@@ -215,13 +237,11 @@ def load_fsdp_checkpoint_state(model: FSDPTrainModel, optimizer: FSDPOptimizer, 
     from this model (an expert-parallel rank saved only its own experts' names)."""
     from mcore_fsdp import load_optimizer_state_dict
 
-    sharded, names = model.chunks[0], model.expert_names
-    model_state = state["model"] if names is None else _renamed(state["model"], names.to_local)
-    sharded.load_state_dict(model_state)
+    sharded, to_local = model.chunks[0], _chained(model.names, to_global=False)
+    sharded.load_state_dict(_renamed(state["model"], to_local))
     if "optimizer" in state:
         optim = state["optimizer"]
-        if names is not None:
-            optim = {**optim, "state": _renamed(optim["state"], names.to_local)}
+        optim = {**optim, "state": _renamed(optim["state"], to_local)}
         # a different number of groups is refused by load_optimizer_state_dict
         name_of = {id(param): name for name, param in sharded.named_parameters()}
         members = [[name_of[id(param)] for param in group["params"]] for group in optimizer.param_groups]
@@ -253,10 +273,10 @@ def fsdp_parameter_count(model: FSDPTrainModel) -> int:
     counts = torch.zeros(2, dtype=torch.float64)  # [dense, experts]
     for name, value in sharded.state_dict().items():  # DTensors of the global (per-rank expert) shapes
         if name in params:
-            if names is None:
-                counts[0] += value.numel()
-            else:
-                counts[int(names.is_expert(name))] += names.whole_numel(name, value.numel())
+            numel = value.numel()
+            for converter in model.names:
+                numel = converter.whole_numel(name, numel)
+            counts[int(names is not None and names.is_expert(name))] += numel
     if names is not None:  # each expert-parallel rank holds other experts
         experts = counts[1:].to(get_group_device(names.ep_group))
         dist.all_reduce(experts, group=names.ep_group)

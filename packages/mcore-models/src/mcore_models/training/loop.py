@@ -309,7 +309,7 @@ def _build_model_and_optimizer(context: RunContext, vocab_size: int) -> tuple[Tr
             training.seed,
             offload_optimizer=configs.optimizer.optimizer_cpu_offload,
         )
-        return model, FSDPOptimizer(model.ddp, configs.optimizer, model.expert_names)
+        return model, FSDPOptimizer(model.ddp, configs.optimizer, model.names)
     model = build_train_model(
         configs.model, vocab_size, groups, configs.ddp, training.seed, build_projections(configs)
     )
