@@ -62,8 +62,9 @@ def test_bad_layouts_name_the_fields():
 
 def test_fsdp_errors_name_the_flag(capsys, monkeypatch):
     with pytest.raises(SystemExit):
-        main(["--fsdp", "--pipeline-model-parallel-size", "2"])
-    assert "fsdp" in capsys.readouterr().err
+        vpp = ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"]
+        main(["--fsdp", *vpp, "--global-batch-size", "8", "--micro-batch-size", "1"])
+    assert "fsdp, virtual_pipeline_model_parallel_size" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "mcore_fsdp", None)  # not installed
     with pytest.raises(SystemExit):
         main(["--fsdp"])

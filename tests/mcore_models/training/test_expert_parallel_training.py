@@ -376,8 +376,20 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
         ),
         (
             4,
-            ["--expert-tensor-parallel-size", "2", "--fsdp", "--pipeline-model-parallel-size", "2"],
-            "fsdp, pipeline_model_parallel_size",
+            [
+                "--expert-tensor-parallel-size",
+                "2",
+                "--fsdp",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--virtual-pipeline-model-parallel-size",
+                "2",
+                "--global-batch-size",
+                "8",
+                "--micro-batch-size",
+                "1",
+            ],
+            "fsdp, virtual_pipeline_model_parallel_size",
         ),
         (
             2,
@@ -397,7 +409,7 @@ def test_checkpoint_saved_at_etp2_continues_on_one_process_and_back(
     ids=[
         "etp-x-ep-does-not-divide-the-ranks",
         "etp-x-ep-does-not-divide-a-pipeline-stage",
-        "fsdp-with-pp2",
+        "fsdp-with-vpp2",
         "tokens-not-divisible-by-tp",
     ],
 )

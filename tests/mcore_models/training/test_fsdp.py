@@ -51,18 +51,14 @@ def test_fsdp_losses_equal_data_parallel_and_resume_exactly(
     assert report["resumed_from"] == 2 and resumed == fsdp
 
 
-@pytest.mark.parametrize(
-    ("world", "layout", "experts"),
-    [(2, dict(pp=2), 1), (2, dict(pp=2, vpp=2), 1), (4, dict(pp=2), 2)],
-    ids=["pp2", "pp2-vpp2", "pp2-ep2"],
-)
-def test_fsdp_needs_pp_1(world, layout, experts, tiny_configs, tmp_path):
-    """--fsdp shards each whole model over data-parallel ranks (TP inside): pipeline stages are refused."""
-    configs = tiny_configs(tmp_path, fsdp=True, **layout)
+@pytest.mark.parametrize(("world", "experts"), [(2, 1), (4, 2)], ids=["pp2-vpp2", "pp2-vpp2-ep2"])
+def test_fsdp_refuses_virtual_pipeline_stages(world, experts, tiny_configs, tmp_path):
+    """--fsdp shards one model chunk per pipeline stage: virtual stages are refused, naming the field."""
+    configs = tiny_configs(tmp_path, fsdp=True, pp=2, vpp=2, global_batch=8)
     if experts > 1:
         moe = dict(num_moe_experts=4, moe_router_topk=2, expert_model_parallel_size=experts)
         configs.model = dataclasses.replace(configs.model, **moe)
     with pytest.raises(ConfigError) as error:
         resolve_configs(configs, world)
-    assert str(error.value).startswith("fsdp, pipeline_model_parallel_size: ")
-    assert "PP = 1" in str(error.value)
+    assert str(error.value).startswith("fsdp, virtual_pipeline_model_parallel_size: ")
+    assert "PP without virtual stages works" in str(error.value)

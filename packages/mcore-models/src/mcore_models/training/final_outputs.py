@@ -18,9 +18,9 @@ def export_hf(context: RunContext, model: TrainModel, tokenizer) -> None:
     """The trained model as a Hugging Face checkpoint in ``export_hf`` (collective; needs PP = 1)."""
     configs, groups = context.configs, context.groups
     training = configs.training
-    exported = fsdp_full_model(model, configs.model, groups) if training.fsdp else model.chunks[0]
     if len(model.chunks) != 1 or dist.get_world_size(groups.pp) != 1:
         raise ConfigError(["export_hf", "pipeline_model_parallel_size"], "Hugging Face export needs PP = 1")
+    exported = fsdp_full_model(model, configs.model, groups) if training.fsdp else model.chunks[0]
     export_final_model(exported, groups, training.export_hf, tokenizer)
 
 
@@ -50,7 +50,7 @@ def greedy_sample(context: RunContext, model: TrainModel, tokenizer) -> str:
 def count_parameters(model: TrainModel, groups, fsdp: bool = False) -> int:
     """Parameters of the whole model over all shards and stages (collective)."""
     if fsdp:
-        return fsdp_parameter_count(model)
+        return fsdp_parameter_count(model, groups.pp)
     tp = dist.get_world_size(groups.tp)
     params = list(model.container.parameters())
     local = sum(

@@ -4,8 +4,9 @@ The ``GPTModel`` is sharded with ``mcore_fsdp.fully_shard`` over the data-parall
 ``TransformerLayer`` a sharding unit (embedding and output layer form the root unit). Adam/AdamW
 runs on the FP32 main-parameter shards and clips with the model's ``clip_grad_norm_``; checkpoints
 are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
-ranks and any strategy. With tensor parallelism each rank shards its slices over the data-parallel
-group; the gradient norm counts each slice once and the parameters TP replicates once, and
+ranks and any strategy. With pipeline parallelism each stage shards its own part, and checkpoints
+name its layers globally (see ``fsdp_pipeline``), so any pipeline size loads them. With tensor
+parallelism each rank shards its slices over the data-parallel group; the gradient norm counts each slice once and the parameters TP replicates once, and
 checkpoints hold the slices whole (see ``fsdp_tensor_parallel``), so any tensor-parallel size loads
 them. With expert (or expert-tensor) parallelism the experts shard over the
 expert-data-parallel group, their gradients scaled as DDP scales them, the gradient norm counts
@@ -35,6 +36,7 @@ from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
 from .extras import import_extra
 from .fsdp_experts import ExpertCheckpointNames
+from .fsdp_pipeline import StageLayerNames
 from .fsdp_tensor_parallel import TensorParallelNames
 from .model_setup import TrainModel
 
@@ -51,18 +53,17 @@ def check_fsdp_available() -> None:
 
 
 def check_fsdp_layout(configs: TrainConfigs) -> None:
-    """``--fsdp`` shards each pipeline stage whole, and reduces gradients its own way.
+    """``--fsdp`` shards one model chunk per pipeline stage, and reduces gradients its own way.
 
     Raises:
-        ConfigError: PP or VPP above 1, the distributed optimizer, gradient logging, a DDP
+        ConfigError: virtual pipeline stages, the distributed optimizer, gradient logging, a DDP
             bucket size or summed gradients, or a partial optimizer offload with ``--fsdp``.
     """
-    model = configs.model
-    if model.pipeline_model_parallel_size != 1 or model.virtual_pipeline_model_parallel_size is not None:
+    if configs.model.virtual_pipeline_model_parallel_size is not None:
         raise ConfigError(
-            ["fsdp", "pipeline_model_parallel_size"],
-            "--fsdp needs PP = 1 (it shards the whole model over data- and context-parallel ranks, "
-            "inside tensor parallelism)",
+            ["fsdp", "virtual_pipeline_model_parallel_size"],
+            "--fsdp shards one model chunk per pipeline stage: drop "
+            "--virtual-pipeline-model-parallel-size (PP without virtual stages works)",
         )
     if configs.ddp.use_distributed_optimizer:
         raise ConfigError(
@@ -90,15 +91,19 @@ def check_fsdp_layout(configs: TrainConfigs) -> None:
 class FSDPTrainModel(TrainModel):
     """A ``TrainModel`` whose ``ddp`` is the sharded model; ``expert_names`` (with expert
     parallelism) names its experts globally in checkpoints, ``tp_names`` (with tensor parallelism)
-    holds its tensor-parallel slices whole there."""
+    holds its tensor-parallel slices whole there, ``stage_names`` (with pipeline parallelism) names
+    its layers globally."""
 
     expert_names: ExpertCheckpointNames | None = None
     tp_names: TensorParallelNames | None = None
+    stage_names: StageLayerNames | None = None
 
     @property
     def names(self) -> list:
-        """The checkpoint-name converters in use: experts first, then tensor-parallel slices."""
-        return [names for names in (self.expert_names, self.tp_names) if names is not None]
+        """The checkpoint-name converters in use, in the order they apply to local names: experts,
+        tensor-parallel slices, then the stage's layers."""
+        converters = (self.expert_names, self.tp_names, self.stage_names)
+        return [names for names in converters if names is not None]
 
     def checkpoint_state(self, optimizer, tp_group=None, *, with_optimizer: bool = True, loading=None):
         """The ``Stateful`` checkpoint component: the DTensor state dicts (``FSDPCheckpoint``)."""
@@ -113,8 +118,8 @@ def build_fsdp_train_model(
     seed: int,
     offload_optimizer: bool = False,
 ) -> FSDPTrainModel:
-    """The whole ``GPTModel`` (same initial weights as ``build_train_model`` at PP = 1; with TP, this
-    rank's slices), sharded; with ``offload_optimizer`` its FP32 main parameters, gradients and so
+    """This stage's ``GPTModel`` (same initial weights as ``build_train_model`` without virtual
+    stages; with TP, this rank's slices), sharded; with ``offload_optimizer`` its FP32 main parameters, gradients and so
     the optimizer state live on the CPU. With expert (or expert-tensor) parallelism the experts
     (slices) shard over ``groups.expert_dp`` and their gradients are divided by the data-parallel
     size, as DDP divides them.
@@ -123,8 +128,11 @@ def build_fsdp_train_model(
     """
     from mcore_fsdp import MixedPrecision, fully_shard
 
-    model_parallel_manual_seed(seed, dist.get_rank(groups.tp))
-    model = GPTModel(config, vocab_size, pg_collection=groups)
+    pp, stage = dist.get_world_size(groups.pp), dist.get_rank(groups.pp)
+    model_parallel_manual_seed(seed + 100 * stage, dist.get_rank(groups.tp))
+    model = GPTModel(
+        config, vocab_size, pre_process=stage == 0, post_process=stage == pp - 1, pg_collection=groups
+    )
     dtype = config.params_dtype
     precision = (
         None if dtype == torch.float32 else MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32)
@@ -141,6 +149,7 @@ def build_fsdp_train_model(
         )
         names = ExpertCheckpointNames(model, groups.ep, groups.expert_dp, groups.expert_tp)
     tp_names = TensorParallelNames(model, groups.tp, mesh) if dist.get_world_size(groups.tp) > 1 else None
+    stage_names = StageLayerNames(model) if pp > 1 else None
     fully_shard(
         model,
         mesh=mesh,
@@ -150,7 +159,7 @@ def build_fsdp_train_model(
         offload_optimizer=offload_optimizer,
         **experts,
     )
-    return FSDPTrainModel([model], torch.nn.ModuleList([model]), model, names, tp_names)
+    return FSDPTrainModel([model], torch.nn.ModuleList([model]), model, names, tp_names, stage_names)
 
 
 class FSDPOptimizer:
@@ -266,8 +275,8 @@ class FSDPCheckpoint:
         load_fsdp_checkpoint_state(self.model, self.optimizer, state)
 
 
-def fsdp_parameter_count(model: FSDPTrainModel) -> int:
-    """Parameters of the whole model, every expert-parallel rank's experts included, whole (collective)."""
+def fsdp_parameter_count(model: FSDPTrainModel, pp_group: dist.ProcessGroup) -> int:
+    """Parameters of the whole model, every stage's and expert-parallel rank's included, whole (collective)."""
     sharded, names = model.chunks[0], model.expert_names
     params = {name for name, _ in sharded.named_parameters()}
     counts = torch.zeros(2, dtype=torch.float64)  # [dense, experts]
@@ -281,7 +290,9 @@ def fsdp_parameter_count(model: FSDPTrainModel) -> int:
         experts = counts[1:].to(get_group_device(names.ep_group))
         dist.all_reduce(experts, group=names.ep_group)
         counts[1] = experts.item()
-    return round(counts.sum().item())
+    total = counts.sum().reshape(1).to(get_group_device(pp_group))
+    dist.all_reduce(total, group=pp_group)  # each stage holds other layers
+    return round(total.item())
 
 
 def fsdp_full_model(model: TrainModel, config: TrainModelConfig, groups: ProcessGroupCollection) -> GPTModel:
