@@ -299,17 +299,19 @@ def test_a_programming_error_in_sampling_surfaces_without_half_advancing(
     engine = make_engine(model)
     params = SamplingParams(num_tokens_to_generate=4, **GREEDY)
     requests = [engine.add_request(p, params) for p in ([1, 2, 3], [4, 5])]
-    real_sample = sampling_module.sample
-    monkeypatch.setattr(
-        sampling_module, "sample", lambda *a, **k: (_ for _ in ()).throw(TypeError("sampler bug"))
-    )
+    real = {name: getattr(sampling_module, name) for name in ("sample", "argmax_rows")}
+    for name in real:  # greedy rows without logprobs take argmax_rows, the others sample
+        monkeypatch.setattr(
+            sampling_module, name, lambda *a, **k: (_ for _ in ()).throw(TypeError("sampler bug"))
+        )
     with pytest.raises(TypeError, match="sampler bug"):
         engine.step()
     for request in requests:
         assert request.status is RequestStatus.FAILED and "sampler bug" in request.error
         assert request.generated_tokens == []
     assert _all_blocks_free(engine)
-    monkeypatch.setattr(sampling_module, "sample", real_sample)
+    for name, function in real.items():
+        monkeypatch.setattr(sampling_module, name, function)
     (request,) = engine.generate([[1, 2, 3]], params)
     assert request.generated_tokens == oracle(model, [1, 2, 3], 4)
 

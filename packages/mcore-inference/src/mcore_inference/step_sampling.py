@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
+from mcore_kernels import argmax_rows
 from mcore_parallel import get_group_device
 
 from .pipeline import PipelineStage
@@ -27,6 +28,12 @@ def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
     entry ``-inf`` (single ``-inf`` entries are masked tokens and fine): exactly the rows whose
     maximum is not finite, as max reductions propagate NaN. One pass over the logits."""
     return (~torch.isfinite(logits.amax(dim=-1))).tolist()
+
+
+def _plain_greedy(params) -> bool:
+    """Whether a request's next token is its logits' argmax and nothing else is asked of them:
+    greedy, without penalties or log-probabilities."""
+    return params.greedy and not params.has_penalties and not params.logprobs and not params.top_n_logprobs
 
 
 def _select_rows(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
@@ -63,10 +70,18 @@ class StepSampler:
         sampled = SampledTokens([-1] * count, [float("nan")] * count, [{} for _ in range(count)])
         if not count:
             return sampled, {}
-        # float32 first: reductions (the finiteness check, argmax) are several times faster in it.
-        logits = _select_rows(logits, rows).float()
-        failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
-        good = [i for i in range(count) if i not in failures]
+        logits = _select_rows(logits, rows)
+        if all(_plain_greedy(r.sampling_params) for r in requests):
+            # most steps: one pass over the logits in their own dtype, no float32 copy
+            indices, finite = argmax_rows(logits)
+            sampled.tokens[:] = indices.tolist()
+            failures = {i: -1 for i, ok in enumerate(finite.tolist()) if not ok}
+            good = []
+        else:
+            # float32 first: reductions (the finiteness check, argmax) are several times faster in it.
+            logits = logits.float()
+            failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
+            good = [i for i in range(count) if i not in failures]
         if good:
             chosen = [requests[i] for i in good]
             result = sample(

@@ -5,7 +5,8 @@ partial rotary) with its cos/sin tables, YaRN's included; MLP activations (SwiGL
 quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionally weighted per token;
 attention softmax with scale, causal mask, sliding window and sinks; MoE top-k routing (softmax or
 sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; the paged KV-cache append and attention over a paged
-KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use); cross
+KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use); each
+row's greedy token (``argmax_rows``, in the logits' own dtype); cross
 entropy, of given logits or fused with the output layer over chunks of tokens, optionally over a
 vocabulary split across ranks. Importing this package never imports Triton nor
 compiles anything."""
@@ -20,6 +21,7 @@ from mcore_kernels.activations import (
     squared_relu,
     swiglu,
 )
+from mcore_kernels.argmax_rows import argmax_rows
 from mcore_kernels.cross_entropy_linear import linear_cross_entropy
 from mcore_kernels.cross_entropy_logits import cross_entropy
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
@@ -44,6 +46,7 @@ __all__ = [
     "KernelBackendError",
     "__version__",
     "apply_rotary",
+    "argmax_rows",
     "attention_softmax",
     "clamped_swiglu",
     "cross_entropy",

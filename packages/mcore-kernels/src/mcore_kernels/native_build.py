@@ -23,7 +23,13 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = ("paged_decode_attention.cpp", "rms_norm.cpp", "swiglu.cpp", "rotary.cpp")
+_SOURCES = (
+    "paged_decode_attention.cpp",
+    "rms_norm.cpp",
+    "swiglu.cpp",
+    "rotary.cpp",
+    "argmax_rows.cpp",
+)
 _HEADERS = ("simd.h",)  # part of the build key: the sources include them
 _OPTIMIZATION = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
 _BUILD_SECONDS = 600
