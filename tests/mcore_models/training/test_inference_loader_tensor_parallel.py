@@ -1,6 +1,6 @@
 """``load_checkpoint_for_inference`` splits an mcore-train checkpoint over a tensor-parallel group:
 saved at TP = 1, at TP = 2 with a vocabulary padding TP = 1 would not use, or with ``--fsdp`` (a
-gated fc1 stored whole), the model loaded at TP = 2 gives the logits of the whole model loaded on
+gated fc1 stored whole; at TP = 1 or 2, whose slices it stores whole), the model loaded at TP = 2 gives the logits of the whole model loaded on
 one process (oracle, max abs error <= 1e-5); a TP size its vocabulary rows do not split over is
 refused before any weight is read."""
 
@@ -26,7 +26,9 @@ def _load_and_run(path, tokens, tp):
 
 
 @pytest.mark.parametrize(
-    "tp, fsdp", [(1, False), (2, False), (1, True)], ids=["saved-at-tp1", "saved-at-tp2", "saved-with-fsdp"]
+    "tp, fsdp",
+    [(1, False), (2, False), (1, True), (2, True)],
+    ids=["saved-at-tp1", "saved-at-tp2", "saved-with-fsdp", "saved-with-fsdp-at-tp2"],
 )
 def test_checkpoint_loaded_at_tp2_equals_the_whole_model(tp, fsdp, run_distributed, tiny_configs, tmp_path):
     if fsdp:
