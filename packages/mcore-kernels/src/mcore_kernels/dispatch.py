@@ -105,19 +105,21 @@ def select_backend(op: str, tensor: torch.Tensor, *, kernels: tuple[str, ...] = 
 NATIVE_ELEMENTWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def select_elementwise_backend(op: str, tensor: torch.Tensor) -> str:
-    """``select_backend`` for an op with a Triton kernel and a native C++ CPU one, forward and
-    backward, that takes float32, bfloat16 and float16 (``rms_norm``, ``swiglu``,
-    ``apply_rotary``). ``auto`` runs other dtypes (float64) on the reference; forcing ``native``
-    for them raises ``KernelBackendError``."""
+def select_elementwise_backend(
+    op: str, tensor: torch.Tensor, kernels: tuple[str, ...] = ("triton", "native")
+) -> str:
+    """``select_backend`` for an op with a native C++ CPU kernel that takes float32, bfloat16 and
+    float16 and, by default, a Triton kernel (``rms_norm``, ``swiglu``, ``apply_rotary``, forward
+    and backward; ``argmax_rows`` has ``kernels=("native",)``). ``auto`` runs other dtypes
+    (float64) on the reference; forcing ``native`` for them raises ``KernelBackendError``."""
     if tensor.dtype in NATIVE_ELEMENTWISE_DTYPES:
-        return select_backend(op, tensor, kernels=("triton", "native"))
+        return select_backend(op, tensor, kernels=kernels)
     if requested_backend() == "native":
         raise KernelBackendError(
             f"{op}: the native backend was forced but its kernel takes float32, bfloat16 or float16, "
             f"not {tensor.dtype}"
         )
-    return select_backend(op, tensor, kernels=("triton",))
+    return select_backend(op, tensor, kernels=tuple(k for k in kernels if k != "native"))
 
 
 def autograd_records(*inputs: torch.Tensor | None) -> bool:
