@@ -2,11 +2,13 @@
 assignments, padding rows, with and without probabilities); the Triton kernels against the
 reference, forward and backward, under Triton's interpreter on the CPU (float32: 123 tokens, 7 and
 64 experts, k = 1, 2, 4, hidden sizes across one and several column blocks) and on a GPU (``gpu``,
-bfloat16); argument errors."""
+bfloat16); the native CPU kernels against the reference on every case (float32, bfloat16 and
+float16); argument errors, and rows out of range or named twice on every CPU backend."""
 
 import pytest
 import torch
 from mcore_kernels import moe_permute, moe_unpermute, use_backend
+from mcore_kernels.native_build import native_library_error
 from mcore_testing.triton_interpreter import interpreted_mismatches
 
 
@@ -105,9 +107,63 @@ def test_triton_kernels_match_the_reference_on_a_gpu(case):
     triton = _run(case, "triton", dtype=torch.bfloat16, device="cuda")
     reference = _run(case, "reference", dtype=torch.bfloat16, device="cuda")
     for name, t, r, e in zip(OUTPUTS, triton, reference, exact, strict=True):
-        triton_error = (t.float() - e).abs().max().item()
-        reference_error = (r.float() - e).abs().max().item()
-        assert triton_error <= 2 * reference_error + 1e-2, (name, triton_error, reference_error)
+        _low_precision_error_bound(name, t, r, e)
+
+
+needs_native = pytest.mark.skipif(
+    native_library_error() is not None,
+    reason=f"the native CPU kernels do not build here: {native_library_error()}",
+)
+
+
+def _low_precision_error_bound(name, kernel, reference, exact):
+    """The kernel's error against float32 may be up to twice PyTorch's own in the same dtype."""
+    kernel_error = (kernel.float() - exact).abs().max().item()
+    reference_error = (reference.float() - exact).abs().max().item()
+    assert kernel_error <= 2 * reference_error + 1e-2, (name, kernel_error, reference_error)
+
+
+@needs_native
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_native_kernels_match_the_reference(case):
+    """Equal up to float32 summation order; ``dprobs`` sums ``width`` products (up to ~40 here)."""
+    for name, native, reference in zip(OUTPUTS, _run(case, "native"), _run(case, "reference"), strict=True):
+        atol = 1e-4 if name == "dprobs" else 1e-5
+        assert torch.allclose(native, reference, rtol=1e-5, atol=atol), (
+            name,
+            (native - reference).abs().max(),
+        )
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES[::5], ids=_case_id)
+def test_native_kernels_in_low_precision(case, dtype):
+    """Permuting copies exactly; the sums round once from float32, at most as far as PyTorch's own."""
+    exact = _run(case, "reference")
+    native = _run(case, "native", dtype=dtype)
+    reference = _run(case, "reference", dtype=dtype)
+    assert torch.equal(native[0], reference[0])
+    for name, n, r, e in zip(OUTPUTS[1:], native[1:], reference[1:], exact[1:], strict=True):
+        _low_precision_error_bound(name, n, r, e)
+
+
+BACKENDS_HERE = ["reference", pytest.param("native", marks=needs_native)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: moe_permute(torch.ones(2, 3), torch.tensor([[0, 1], [1, 2]]), 4), "names row 1 twice"),
+        (lambda: moe_permute(torch.ones(2, 3), torch.tensor([[0, 1], [-1, 4]]), 4), "names row 4 of 4"),
+        (lambda: moe_unpermute(torch.ones(3, 3), torch.tensor([[0, 1], [2, 3]])), "names row 3 of 3"),
+    ],
+    ids=["permute-twice", "permute-past-the-end", "unpermute-past-the-end"],
+)
+def test_rows_out_of_range_or_repeated_are_refused_on_the_cpu(backend, call, match):
+    with use_backend(backend), pytest.raises(ValueError, match=match):
+        call()
 
 
 @pytest.mark.parametrize(

@@ -109,8 +109,9 @@ def select_elementwise_backend(
     op: str, tensor: torch.Tensor, kernels: tuple[str, ...] = ("triton", "native")
 ) -> str:
     """``select_backend`` for an op with a native C++ CPU kernel that takes float32, bfloat16 and
-    float16 and, by default, a Triton kernel (``rms_norm``, ``swiglu``, ``apply_rotary``, forward
-    and backward; ``argmax_rows`` has ``kernels=("native",)``). ``auto`` runs other dtypes
+    float16 and, by default, a Triton kernel (``rms_norm``, ``swiglu``, ``apply_rotary``,
+    ``moe_permute``, ``moe_unpermute``, forward and backward; ``argmax_rows`` has
+    ``kernels=("native",)``). ``auto`` runs other dtypes
     (float64) on the reference; forcing ``native`` for them raises ``KernelBackendError``."""
     if tensor.dtype in NATIVE_ELEMENTWISE_DTYPES:
         return select_backend(op, tensor, kernels=kernels)

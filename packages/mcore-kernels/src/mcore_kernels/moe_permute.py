@@ -1,6 +1,6 @@
 """``moe_permute`` and ``moe_unpermute``: the public entry points, autograd functions over the
-Triton kernels (``dispatch``; the reference is differentiated by autograd), and the checks that turn
-bad arguments into errors naming them."""
+Triton (CUDA) or native C++ (CPU) kernels (``dispatch``; the reference is differentiated by
+autograd), and the checks that turn bad arguments into errors naming them."""
 
 from __future__ import annotations
 
@@ -8,42 +8,47 @@ import importlib
 
 import torch
 
-from . import moe_permute_reference
-from .dispatch import select_backend
+from . import moe_permute_native, moe_permute_reference
+from .dispatch import select_elementwise_backend
 
 
-def _kernels():
+def _kernels(backend: str):
+    """The module with ``scatter`` and ``gather`` of ``backend`` ("triton" or "native")."""
+    if backend == "native":
+        return moe_permute_native
     return importlib.import_module("mcore_kernels.moe_permute_triton")
 
 
-class _TritonPermuteFunction(torch.autograd.Function):
+class _PermuteFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, row_map, num_rows):
+    def forward(ctx, hidden, row_map, num_rows, backend):
         ctx.save_for_backward(row_map)
-        return _kernels().scatter(hidden.contiguous(), row_map, None, num_rows)[0]
+        ctx.backend = backend
+        return _kernels(backend).scatter(hidden.contiguous(), row_map, None, num_rows)[0]
 
     @staticmethod
     def backward(ctx, dout):
         (row_map,) = ctx.saved_tensors
-        return _kernels().gather(dout.contiguous(), row_map, None), None, None
+        return _kernels(ctx.backend).gather(dout.contiguous(), row_map, None), None, None, None
 
 
-class _TritonUnpermuteFunction(torch.autograd.Function):
+class _UnpermuteFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, row_map, probs):
+    def forward(ctx, rows, row_map, probs, backend):
         rows = rows.contiguous()
         weights = None if probs is None else probs.contiguous()
         ctx.save_for_backward(rows, row_map, weights)
         ctx.probs_dtype = None if probs is None else probs.dtype
-        return _kernels().gather(rows, row_map, weights)
+        ctx.backend = backend
+        return _kernels(backend).gather(rows, row_map, weights)
 
     @staticmethod
     def backward(ctx, dout):
         rows, row_map, weights = ctx.saved_tensors
         other = None if weights is None or not ctx.needs_input_grad[2] else rows
-        drows, dots = _kernels().scatter(dout.contiguous(), row_map, weights, rows.shape[0], other)
+        drows, dots = _kernels(ctx.backend).scatter(dout.contiguous(), row_map, weights, rows.shape[0], other)
         dprobs = None if dots is None else dots.to(ctx.probs_dtype)
-        return drows, None, dprobs
+        return drows, None, dprobs, None
 
 
 def _check_row_map(op: str, row_map, tokens: int | None) -> None:
@@ -71,17 +76,18 @@ def _check_matrix(op: str, name: str, value) -> None:
 def moe_permute(hidden: torch.Tensor, row_map: torch.Tensor, num_rows: int) -> torch.Tensor:
     """``[num_rows, h]``: a copy of token ``t``'s ``hidden [T, h]`` in row ``row_map[t, j]`` for
     each assignment ``j`` (int64 ``[T, k]``; ``-1``: dropped), zeros in the rows no assignment
-    names. Rows must be distinct and below ``num_rows`` (not checked: that would wait on the
-    device). Differentiable in ``hidden``."""
+    names. Rows must be distinct and below ``num_rows`` (a ``ValueError`` on the CPU; not checked
+    on CUDA: that would wait on the device). Differentiable in ``hidden``."""
     _check_matrix("moe_permute", "hidden", hidden)
     _check_row_map("moe_permute", row_map, hidden.shape[0])
     if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
         raise ValueError(f"moe_permute: num_rows must be a non-negative int, got {num_rows!r}")
     if row_map.device != hidden.device:
         raise ValueError(f"moe_permute: row_map must be on {hidden.device}, got {row_map.device}")
-    if select_backend("moe_permute", hidden) == "reference":
+    backend = select_elementwise_backend("moe_permute", hidden)
+    if backend == "reference":
         return moe_permute_reference.moe_permute(hidden, row_map, num_rows)
-    return _TritonPermuteFunction.apply(hidden, row_map.contiguous(), num_rows)
+    return _PermuteFunction.apply(hidden, row_map.contiguous(), num_rows, backend)
 
 
 def moe_unpermute(
@@ -89,7 +95,8 @@ def moe_unpermute(
 ) -> torch.Tensor:
     """``[T, h]``: each token's sum of the ``rows [R, h]`` its kept assignments name in
     ``row_map [T, k]`` (as in ``moe_permute``), weighted by ``probs [T, k]`` (``None``: unweighted);
-    a token with no kept assignment gets zeros. Differentiable in ``rows`` and ``probs``."""
+    a token with no kept assignment gets zeros. Rows must be below ``R`` (a ``ValueError`` on the
+    CPU; not checked on CUDA). Differentiable in ``rows`` and ``probs``."""
     _check_matrix("moe_unpermute", "rows", rows)
     _check_row_map("moe_unpermute", row_map, None)
     if probs is not None and (
@@ -100,6 +107,7 @@ def moe_unpermute(
         )
     if any(t.device != rows.device for t in (row_map, probs) if t is not None):
         raise ValueError(f"moe_unpermute: row_map and probs must be on {rows.device}")
-    if select_backend("moe_unpermute", rows) == "reference":
+    backend = select_elementwise_backend("moe_unpermute", rows)
+    if backend == "reference":
         return moe_permute_reference.moe_unpermute(rows, row_map, probs)
-    return _TritonUnpermuteFunction.apply(rows, row_map.contiguous(), probs)
+    return _UnpermuteFunction.apply(rows, row_map.contiguous(), probs, backend)

@@ -29,6 +29,7 @@ _SOURCES = (
     "swiglu.cpp",
     "rotary.cpp",
     "argmax_rows.cpp",
+    "moe_rows.cpp",
 )
 _HEADERS = ("simd.h",)  # part of the build key: the sources include them
 _OPTIMIZATION = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]
