@@ -84,7 +84,12 @@ def latency_stats(ttft: list[float], tpot: list[float]) -> dict[str, float]:
 
 
 def run_mcore(
-    directory: Path, requests, device: str, cuda_graphs: bool, pack_cpu_weights: bool = True
+    directory: Path,
+    requests,
+    device: str,
+    cuda_graphs: bool,
+    pack_cpu_weights: bool = True,
+    **import_options,
 ) -> dict:
     import torch
     import torch.distributed as dist
@@ -95,7 +100,8 @@ def run_mcore(
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    model = import_hf_checkpoint(directory, pg_collection=ProcessGroupCollection(tp=dist.new_group([0])))
+    pg_collection = ProcessGroupCollection(tp=dist.new_group([0]))
+    model = import_hf_checkpoint(directory, pg_collection=pg_collection, **import_options)
     model.to(device=device, dtype=torch.bfloat16)
     set_cpu_weight_packing(model, pack_cpu_weights)  # as mcore-serve does by default
     engine = DynamicInferenceEngine(

