@@ -1,5 +1,6 @@
 """The engine on tensor-parallel ranks and on Hugging Face Llama / Qwen2 / Mixtral / Qwen2-MoE /
-GPT-OSS checkpoints imported with mcore-models: greedy outputs equal the full-recompute oracle and HF
+GPT-OSS checkpoints imported with mcore-models (the MoE ones with sequential experts, Mixtral and GPT-OSS
+also with grouped experts): greedy outputs equal the full-recompute oracle and HF
 ``generate``."""
 
 import pytest
@@ -65,8 +66,15 @@ _FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", list(_FAMILIES))
-def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, prompts_factory, hf_tiny_config):
+_CASES = [(family, False) for family in _FAMILIES] + [(family, True) for family in ("mixtral", "gpt_oss")]
+
+
+@pytest.mark.parametrize(
+    ("family", "grouped"), _CASES, ids=[f + ("-grouped-experts" if g else "") for f, g in _CASES]
+)
+def test_hf_imported_models(
+    groups, tmp_path, family, grouped, make_engine, oracle, prompts_factory, hf_tiny_config
+):
     transformers = pytest.importorskip("transformers")
     from mcore_models import import_hf_checkpoint
 
@@ -84,7 +92,7 @@ def test_hf_imported_models(groups, tmp_path, family, make_engine, oracle, promp
     if family == "gpt_oss":
         _redraw_gpt_oss_features(hf_model)
     hf_model.save_pretrained(tmp_path)
-    model = import_hf_checkpoint(tmp_path, pg_collection=groups)
+    model = import_hf_checkpoint(tmp_path, pg_collection=groups, moe_grouped_gemm=grouped)
     prompts = prompts_factory(3, 3, 15, seed=41)
     requests = make_engine(model, max_tokens=8).generate(prompts, GREEDY)
     for prompt, request in zip(prompts, requests, strict=True):
