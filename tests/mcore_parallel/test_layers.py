@@ -25,7 +25,15 @@ def _initialisation_is_a_slice_of_the_master_weight():
     assert torch.equal(column.weight, master.chunk(2, 0)[rank])
     assert torch.equal(row.weight, master.chunk(2, 1)[rank])
     assert column.weight.tensor_model_parallel and column.weight.partition_dim == 0
+    assert column.weight.partition_stride == 1
     assert row.weight.partition_dim == 1 and not getattr(row.bias, "tensor_model_parallel", False)
+    torch.manual_seed(7)
+    gated = ColumnParallelLinear(6, 8, tp_group=dist.group.WORLD, stride=2)
+    torch.manual_seed(7)
+    master = torch.empty(8, 6).normal_(0.0, 0.02)
+    gate, up = master.chunk(2, 0)  # each rank: its gate rows, then its up rows
+    assert torch.equal(gated.weight, torch.cat([gate.chunk(2, 0)[rank], up.chunk(2, 0)[rank]]))
+    assert gated.weight.partition_stride == 2 and gated.bias.shape == (4,)
 
 
 def test_initialisation_is_a_slice_of_the_master_weight(run_distributed):
@@ -127,6 +135,12 @@ def _bad_arguments():
         RowParallelLinear(3, 4, tp_group=dist.group.WORLD)
     with pytest.raises(ValueError, match=r"vocab_size \(7\)"):
         VocabParallelEmbedding(7, 4, tp_group=dist.group.WORLD)
+    with pytest.raises(
+        ValueError, match=r"must be divisible by stride \(2\) x the tensor-parallel size \(2\)"
+    ):
+        ColumnParallelLinear(4, 6, tp_group=dist.group.WORLD, stride=2)
+    with pytest.raises(ValueError, match="stride must be a positive int, got 0"):
+        ColumnParallelLinear(4, 4, tp_group=dist.group.WORLD, stride=0)
     with pytest.raises(ValueError, match="gather_output and sequence_parallel"):
         ColumnParallelLinear(4, 4, tp_group=dist.group.WORLD, gather_output=True, sequence_parallel=True)
     with pytest.raises(ValueError, match="label_smoothing must be in"):

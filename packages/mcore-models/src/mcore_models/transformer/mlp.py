@@ -35,13 +35,17 @@ class MLP(torch.nn.Module):
             "params_dtype": config.params_dtype,
             "bias": config.add_bias_linear,
         }
-        width = config.ffn_hidden_size * (2 if config.gated_linear_unit else 1)
+        gated = config.gated_linear_unit
         self.linear_fc1 = build_module(
-            submodules.linear_fc1, config.hidden_size, width, init_method=init_method(config), **common
+            submodules.linear_fc1,
+            config.hidden_size,
+            config.ffn_hidden_size * (2 if gated else 1),
+            init_method=init_method(config),
+            **common,
+            **({"stride": 2} if gated else {}),
         )
-        if config.gated_linear_unit:
+        if gated:
             for p in self.linear_fc1.parameters():
-                _take_gated_slices(p, tp_group)
                 p.gated_halves = True
         self.activation = activation_function(config)
         self.linear_fc2 = build_module(
@@ -58,18 +62,3 @@ class MLP(torch.nn.Module):
             intermediate = intermediate + bias
         output, bias = self.linear_fc2(self.activation(intermediate))
         return output if bias is None else output + bias
-
-
-def _take_gated_slices(param: torch.nn.Parameter, tp_group: dist.ProcessGroup) -> None:
-    """Replace ``param``, this rank's contiguous slice of the master fc1 ``[gate; up]``, by
-    ``[its gate slice; its up slice]`` of that master, so that the model is a single process's at
-    any TP size (collective over ``tp_group``)."""
-    size = dist.get_world_size(tp_group)
-    if size == 1 or not getattr(param, "tensor_model_parallel", False):
-        return
-    dim, rank = param.partition_dim, dist.get_rank(tp_group)
-    pieces = [torch.empty_like(param) for _ in range(size)]
-    dist.all_gather(pieces, param.detach().contiguous(), group=tp_group)
-    halves = torch.cat(pieces, dim).chunk(2, dim)
-    with torch.no_grad():
-        param.copy_(torch.cat([half.chunk(size, dim)[rank] for half in halves], dim))

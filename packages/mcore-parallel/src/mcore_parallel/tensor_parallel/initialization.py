@@ -23,20 +23,34 @@ def sharded_parameter(
     init_method: InitMethod,
     dtype: torch.dtype,
     device: torch.device | str | None,
+    *,
+    stride: int = 1,
 ) -> torch.nn.Parameter:
     """This rank's slice along ``partition_dim`` of a full ``shape`` tensor initialised by ``init_method``.
 
     The full tensor is drawn on the CPU from the default generator, so every rank seeded alike gets
     slices of one master tensor and the model matches a single-process one for any TP size.
-    The parameter is tagged ``tensor_model_parallel = True`` and ``partition_dim``.
+    With ``stride`` > 1 the master is ``stride`` equal blocks along ``partition_dim`` (a gated
+    fc1's ``[gate; up]``: 2) and the rank holds its slice of each block, in block order.
+    The parameter is tagged ``tensor_model_parallel = True``, ``partition_dim`` and
+    ``partition_stride``.
     """
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"stride must be a positive int, got {stride!r}")
+    if shape[partition_dim] % (stride * world_size):
+        raise ValueError(
+            f"dimension {partition_dim} of {tuple(shape)} must be divisible by stride ({stride}) x the "
+            f"tensor-parallel size ({world_size})"
+        )
     master = torch.empty(shape, dtype=torch.float32)
     init_method(master)
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    shard = master.chunk(world_size, dim=partition_dim)[rank]
+    blocks = master.chunk(stride, dim=partition_dim)
+    shard = torch.cat([block.chunk(world_size, dim=partition_dim)[rank] for block in blocks], partition_dim)
     param = torch.nn.Parameter(shard.to(device=device, dtype=dtype).contiguous())
     param.tensor_model_parallel = True
     param.partition_dim = partition_dim
+    param.partition_stride = stride
     return param
 
 

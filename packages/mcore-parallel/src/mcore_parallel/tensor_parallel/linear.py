@@ -29,6 +29,9 @@ class ColumnParallelLinear(torch.nn.Module):
     Args:
         tp_group: the tensor-parallel group; ``None`` takes the global one from ``parallel_state``.
         init_method: fills the full master weight; every TP rank must be seeded alike.
+        stride: the full weight's output rows form ``stride`` equal blocks (a gated MLP's fc1,
+            ``[gate; up]``: 2); each rank holds its slice of every block (see ``sharded_parameter``),
+            so its output is ``[its gate columns, its up columns]``.
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class ColumnParallelLinear(torch.nn.Module):
         init_method: InitMethod = default_init_method,
         params_dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        stride: int = 1,
     ):
         super().__init__()
         if gather_output and sequence_parallel:
@@ -57,10 +61,12 @@ class ColumnParallelLinear(torch.nn.Module):
         self.sequence_parallel = sequence_parallel
         self.skip_bias_add = skip_bias_add
         self.weight = sharded_parameter(
-            (output_size, input_size), 0, self.tp_group, init_method, params_dtype, device
+            (output_size, input_size), 0, self.tp_group, init_method, params_dtype, device, stride=stride
         )
         self.bias = (
-            sharded_parameter((output_size,), 0, self.tp_group, torch.nn.init.zeros_, params_dtype, device)
+            sharded_parameter(
+                (output_size,), 0, self.tp_group, torch.nn.init.zeros_, params_dtype, device, stride=stride
+            )
             if bias
             else None
         )
