@@ -5,8 +5,8 @@ context parallelism (``split_batch``, ``context_parallel_attention``, ``gather_s
 ``load_checkpoint_for_inference`` (a model, its config and tokenizer from a self-describing
 mcore-train checkpoint or a Hugging Face directory). Norms, MLP activations and rotary embedding
 run mcore-kernels' fused ops. ``mcore_models.ssm`` holds Mamba-2's functional core (the chunked
-SSD scan, its decode step, the causal conv1d and the gated RMSNorm); the Mamba mixer layer and
-hybrid models are planned, not in this release."""
+SSD scan, its decode step, the causal conv1d and the gated RMSNorm) and its mixer layer
+(``MambaMixer``); hybrid models are planned, not in this release."""
 
 from importlib.metadata import version as _version
 
