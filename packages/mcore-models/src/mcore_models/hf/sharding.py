@@ -2,13 +2,17 @@
 
 Parameters tagged ``tensor_model_parallel`` are split along ``partition_dim``; those also tagged
 ``gated_halves`` (fc1 of gated MLPs) split each half separately so every rank holds
-``[its gate rows; its up rows]``. Everything else is replicated.
+``[its gate rows; its up rows]``, and those tagged ``partition_blocks`` (Mamba's stacked
+projections, blocks of unequal sizes along dim 0) split each block separately
+(``ssm.blockwise_shard``). Everything else is replicated.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from ..ssm.block_sharding import blockwise_shard, blockwise_unshard
 
 
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -25,6 +29,8 @@ def shard_tensor(local: torch.Tensor, full: torch.Tensor, rank: int, world_size:
     dim = local.partition_dim
     if getattr(local, "gated_halves", False):
         return torch.cat([half.chunk(world_size, dim)[rank] for half in full.chunk(2, dim)], dim)
+    if hasattr(local, "partition_blocks"):
+        return blockwise_shard(full, local.partition_blocks, rank, world_size)
     return full.chunk(world_size, dim)[rank]
 
 
@@ -70,6 +76,8 @@ def gather_tensor(
         return torch.cat(
             [torch.cat([h[0] for h in halves], dim), torch.cat([h[1] for h in halves], dim)], dim
         )
+    if hasattr(local, "partition_blocks"):
+        return blockwise_unshard(pieces, local.partition_blocks)
     return torch.cat(pieces, dim)
 
 
