@@ -6,7 +6,9 @@ context parallelism (``split_batch``, ``context_parallel_attention``, ``gather_s
 mcore-train checkpoint or a Hugging Face directory). Norms, MLP activations and rotary embedding
 run mcore-kernels' fused ops. ``mcore_models.ssm`` holds Mamba-2's functional core (the chunked
 SSD scan, its decode step, the causal conv1d and the gated RMSNorm) and its mixer layer
-(``MambaMixer``); hybrid models are planned, not in this release."""
+(``MambaMixer``); ``mcore_models.models.hybrid`` the hybrid Mamba/attention/MLP/MoE models
+(``HybridModel``, Hugging Face NemotronH import), for training and evaluation (serving them is
+planned)."""
 
 from importlib.metadata import version as _version
 

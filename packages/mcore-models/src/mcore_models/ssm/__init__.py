@@ -4,8 +4,8 @@ chunked state-space-duality scan (``ssd_chunked_scan``) with its per-timestep re
 convolution with its decode step (``causal_conv1d``, ``causal_conv1d_step``), and the gated
 RMSNorm (``gated_rms_norm``); and the tensor-parallel Mamba-2 mixer layer built from them
 (``MambaMixer``, configured by ``MambaConfig``, with its parts ``CausalConv1dLayer`` and ``GatedRMSNormLayer`` and the blockwise
-sharding of its stacked projections, ``blockwise_shard``/``blockwise_unshard``). Hybrid
-Mamba/attention models, Hugging Face checkpoint import and serving are planned, not yet built."""
+sharding of its stacked projections, ``blockwise_shard``/``blockwise_unshard``). The hybrid
+models built from the mixer are in ``mcore_models.models.hybrid``."""
 
 from .block_sharding import blockwise_shard, blockwise_unshard
 from .causal_conv1d import causal_conv1d, causal_conv1d_step

@@ -43,6 +43,12 @@ class MambaConfig:
         1.0, minimum=0.0, help="Init: A = -a with a uniform in [mamba_a_init_min, mamba_a_init_max]."
     )
     mamba_a_init_max: float = config_field(16.0, minimum=0.0, help="Init: upper end of a's range.")
+    mamba_dt_clamp_min: float = config_field(
+        0.0,
+        minimum=0.0,
+        help="Forward: time steps below this are raised to it (Nemotron-H clamps at its "
+        "time_step_min); 0: no clamp.",
+    )
 
     def __post_init__(self) -> None:
         validate_fields(self)

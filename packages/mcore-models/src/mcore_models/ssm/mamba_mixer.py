@@ -180,8 +180,10 @@ class MambaMixer(torch.nn.Module):
         return conv, (batch, self.num_heads, self.head_dim, self.state_dim)
 
     def _time_steps(self, dt: torch.Tensor) -> torch.Tensor:
-        """``softplus(dt + dt_bias)`` in float32."""
-        return F.softplus(dt.float() + self.dt_bias.float())
+        """``softplus(dt + dt_bias)`` in float32, at least ``mamba_dt_clamp_min``."""
+        steps = F.softplus(dt.float() + self.dt_bias.float())
+        floor = self.mamba.mamba_dt_clamp_min
+        return steps.clamp(min=floor) if floor > 0 else steps
 
     def _check_hidden(self, hidden_states: torch.Tensor, rank: int, layout: str) -> None:
         if hidden_states.dim() != rank or hidden_states.shape[-1] != self.config.hidden_size:

@@ -1,7 +1,24 @@
-"""Hybrid models that mix Mamba, attention, MLP and MoE layers. Today: the layer-pattern string
-that says which layer goes where (``HybridLayerPattern``); the hybrid model built from it is
-planned."""
+"""Hybrid models that mix Mamba, attention, MLP and MoE layers: the layer-pattern string that says
+which layer goes where (``HybridLayerPattern``), the layer and its spec (``HybridLayer``,
+``get_hybrid_layer_spec``), the model (``HybridModel``) and the import of Hugging Face NemotronH
+checkpoints (``import_nemotron_h``)."""
 
+from .layer import HybridLayer, HybridLayerSubmodules
 from .layer_pattern import LAYER_SYMBOLS, STAGE_SEPARATOR, HybridLayerPattern
+from .model import HybridModel
+from .nemotron_h import import_nemotron_h, nemotron_h_configs, nemotron_h_pattern, nemotron_h_state
+from .specs import get_hybrid_layer_spec
 
-__all__ = ["LAYER_SYMBOLS", "STAGE_SEPARATOR", "HybridLayerPattern"]
+__all__ = [
+    "LAYER_SYMBOLS",
+    "STAGE_SEPARATOR",
+    "HybridLayer",
+    "HybridLayerPattern",
+    "HybridLayerSubmodules",
+    "HybridModel",
+    "get_hybrid_layer_spec",
+    "import_nemotron_h",
+    "nemotron_h_configs",
+    "nemotron_h_pattern",
+    "nemotron_h_state",
+]
