@@ -1,12 +1,13 @@
 """Hybrid models that mix Mamba, attention, MLP and MoE layers: the layer-pattern string that says
 which layer goes where (``HybridLayerPattern``), the layer and its spec (``HybridLayer``,
 ``get_hybrid_layer_spec``), the model (``HybridModel``) and the import of Hugging Face NemotronH
-checkpoints (``import_nemotron_h``)."""
+checkpoints (``import_nemotron_h``) and their export (``export_nemotron_h``)."""
 
 from .layer import HybridLayer, HybridLayerSubmodules
 from .layer_pattern import LAYER_SYMBOLS, STAGE_SEPARATOR, HybridLayerPattern
 from .model import HybridModel
 from .nemotron_h import import_nemotron_h, nemotron_h_configs, nemotron_h_pattern, nemotron_h_state
+from .nemotron_h_export import export_nemotron_h, nemotron_h_hf_config, nemotron_h_weights
 from .specs import get_hybrid_layer_spec
 
 __all__ = [
@@ -16,9 +17,12 @@ __all__ = [
     "HybridLayerPattern",
     "HybridLayerSubmodules",
     "HybridModel",
+    "export_nemotron_h",
     "get_hybrid_layer_spec",
     "import_nemotron_h",
     "nemotron_h_configs",
+    "nemotron_h_hf_config",
     "nemotron_h_pattern",
     "nemotron_h_state",
+    "nemotron_h_weights",
 ]
