@@ -98,10 +98,7 @@ def import_hf_checkpoint(
     hf_kv_heads = hf_config.get("num_key_value_heads") or config.num_attention_heads
     if config.num_query_groups > hf_kv_heads:
         weights = replicate_kv_heads(weights, config.num_query_groups // hf_kv_heads, config.kv_channels)
-    state = mapping.state_from_hf(weights, config)
-    for name in _VOCAB_ROWS:
-        if name in state:
-            state[name] = _pad_rows(state[name], model.padded_vocab_size)
+    state = pad_vocab_rows(mapping.state_from_hf(weights, config), model.padded_vocab_size)
     local_expert_state(model, state)
     load_full_state_dict(model, state, groups.tp)
     model.hf_model_type = mapping.model_type
@@ -113,8 +110,28 @@ def import_hf_checkpoint(
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.cat((t, t.new_zeros(rows - t.shape[0], *t.shape[1:]))) if rows > t.shape[0] else t
+def pad_vocab_rows(state: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
+    """``state`` with its vocabulary tensors zero-padded to ``rows`` rows (in place; returned)."""
+    for name in _VOCAB_ROWS:
+        t = state.get(name)
+        if t is not None and rows > t.shape[0]:
+            state[name] = torch.cat((t, t.new_zeros(rows - t.shape[0], *t.shape[1:])))
+    return state
+
+
+def gather_export_state(model) -> tuple[dict[str, torch.Tensor], list[dist.ProcessGroup]]:
+    """``(state, groups)``: the model's whole TP=1 state dict, expert shards gathered and the
+    vocabulary padding dropped, on every rank (collective), and the groups it was gathered over:
+    the rank that is first in all of them writes, and all wait at a barrier after."""
+    ep_group, etp_group = expert_parallel_group(model), expert_tensor_parallel_group(model)
+    state = gather_full_state_dict(model, model.tp_group)
+    gather_expert_tensor_parallel_state(model, state)
+    if ep_group is not None:
+        gather_expert_parallel_state(model, state)
+    for name in _VOCAB_ROWS:
+        if name in state:
+            state[name] = state[name][: model.vocab_size]
+    return state, [g for g in (model.tp_group, ep_group, etp_group) if g is not None]
 
 
 def export_hf_checkpoint(
@@ -153,19 +170,11 @@ def export_hf_checkpoint(
         raise ValueError(
             f"num_key_value_heads ({kv_heads}) must divide config.num_query_groups ({config.num_query_groups})"
         )
-    ep_group, etp_group = expert_parallel_group(model), expert_tensor_parallel_group(model)
-    state = gather_full_state_dict(model, model.tp_group)
-    gather_expert_tensor_parallel_state(model, state)
-    if ep_group is not None:
-        gather_expert_parallel_state(model, state)
-    for name in _VOCAB_ROWS:
-        if name in state:
-            state[name] = state[name][: model.vocab_size]
+    state, groups = gather_export_state(model)
     weights = mapping.state_to_hf(state, config)
     if kv_heads != config.num_query_groups:  # on every rank, so an error leaves none waiting
         weights = deduplicate_kv_heads(weights, config.num_query_groups // kv_heads, config.kv_channels)
         hf_config["num_key_value_heads"] = kv_heads
-    groups = [g for g in (model.tp_group, ep_group, etp_group) if g is not None]
     if all(dist.get_rank(g) == 0 for g in groups):
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             config.params_dtype

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import torch
@@ -13,6 +12,7 @@ from mcore_parallel import ConfigError, ProcessGroupCollection
 from ...config.transformer_config import TransformerConfig
 from ...ssm import MambaConfig
 from ...transformer.inference_context import InferenceContext
+from ...transformer.moe.expert_group import with_expert_parallel_group
 from ...transformer.packed_seq import PackedSeqParams
 from ...transformer.process_groups import resolve_process_groups
 from ...transformer.spec import ModuleSpec
@@ -88,7 +88,7 @@ class HybridModel(GPTModel):
         super().__init__(
             config,
             vocab_size,
-            _with_expert_groups(layer_spec, groups),
+            with_expert_parallel_group(layer_spec, groups.ep, groups.expert_tp, field="moe"),
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=parallel_output,
@@ -117,20 +117,3 @@ class HybridModel(GPTModel):
     def inference_forward(self, *args, **kwargs) -> torch.Tensor:
         """Not supported yet (Mamba layers have no decode state in the inference context)."""
         raise NotImplementedError("hybrid models do not support inference_forward yet")
-
-
-def _with_expert_groups(layer_spec: ModuleSpec, groups: ProcessGroupCollection) -> ModuleSpec:
-    """``layer_spec`` (a copy) with the expert-parallel and expert-tensor-parallel groups of
-    ``groups`` in the params of its MoE spec, as ``GPTModel`` gives them to a GPT layer's MoE MLP."""
-    submodules = layer_spec.submodules
-    moe = getattr(submodules, "moe", None)
-    if not isinstance(moe, ModuleSpec):
-        return layer_spec
-    given = {"ep_group": groups.ep, "expert_tp_group": groups.expert_tp}
-    added = {name: group for name, group in given.items() if group is not None and name not in moe.params}
-    if not added:
-        return layer_spec
-    spec = copy.copy(layer_spec)
-    spec.submodules = copy.copy(submodules)
-    spec.submodules.moe = ModuleSpec(moe.module, {**moe.params, **added}, moe.submodules)
-    return spec

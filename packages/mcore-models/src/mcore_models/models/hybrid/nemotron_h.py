@@ -21,7 +21,7 @@ from mcore_api import experimental_api
 from mcore_parallel import ProcessGroupCollection
 
 from ...config.transformer_config import TransformerConfig
-from ...hf.checkpoint import _VOCAB_ROWS, _pad_rows
+from ...hf.checkpoint import pad_vocab_rows
 from ...hf.expert_parallel import local_expert_state
 from ...hf.io import read_hf_config, read_hf_generation_config, read_hf_weights
 from ...hf.mapping import unsupported
@@ -214,10 +214,7 @@ def import_nemotron_h(
         weights = {name: t.detach().to(torch.float32) for name, t in source.state_dict().items()}
     else:
         weights = {name: t.to(torch.float32) for name, t in read_hf_weights(source).items()}
-    state = nemotron_h_state(weights, config, pattern)
-    for name in _VOCAB_ROWS:
-        if name in state:
-            state[name] = _pad_rows(state[name], model.padded_vocab_size)
+    state = pad_vocab_rows(nemotron_h_state(weights, config, pattern), model.padded_vocab_size)
     local_expert_state(model, state)
     load_full_state_dict(model, state, groups.tp)
     return model.eval()

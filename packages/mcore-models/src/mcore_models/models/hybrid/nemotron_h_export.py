@@ -16,16 +16,9 @@ import torch.distributed as dist
 from mcore_api import experimental_api
 
 from ...config.transformer_config import TransformerConfig
-from ...hf.checkpoint import _VOCAB_ROWS
-from ...hf.expert_parallel import (
-    expert_parallel_group,
-    expert_tensor_parallel_group,
-    gather_expert_parallel_state,
-    gather_expert_tensor_parallel_state,
-)
+from ...hf.checkpoint import gather_export_state
 from ...hf.io import write_hf_checkpoint
 from ...hf.qkv import unpack_qkv
-from ...hf.sharding import gather_full_state_dict
 from ...hf.special_tokens import special_tokens_to_hf
 from ...ssm import MambaConfig, MambaMixer
 from .layer_pattern import HybridLayerPattern
@@ -246,16 +239,8 @@ def export_nemotron_h(model: HybridModel, directory: str | Path) -> None:
     """
     config = model.config
     hf_config = nemotron_h_hf_config(model)
-    ep_group, etp_group = expert_parallel_group(model), expert_tensor_parallel_group(model)
-    state = gather_full_state_dict(model, model.tp_group)
-    gather_expert_tensor_parallel_state(model, state)
-    if ep_group is not None:
-        gather_expert_parallel_state(model, state)
-    for name in _VOCAB_ROWS:
-        if name in state:
-            state[name] = state[name][: model.vocab_size]
+    state, groups = gather_export_state(model)
     weights = nemotron_h_weights(state, config, model.pattern)
-    groups = [g for g in (model.tp_group, ep_group, etp_group) if g is not None]
     if all(dist.get_rank(g) == 0 for g in groups):
         special_tokens = special_tokens_to_hf(model)
         hf_config["dtype"] = str(config.params_dtype).removeprefix("torch.")

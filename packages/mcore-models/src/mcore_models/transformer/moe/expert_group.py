@@ -14,12 +14,15 @@ def with_expert_parallel_group(
     layer_spec: ModuleSpec,
     ep_group: dist.ProcessGroup | None,
     expert_tp_group: dist.ProcessGroup | None = None,
+    *,
+    field: str = "mlp",
 ) -> ModuleSpec:
     """``layer_spec`` with ``ep_group`` (and ``expert_tp_group``, the expert-tensor-parallel group)
-    in the params of its MoE ``mlp`` (a copy; the spec itself is not changed). Specs without an
-    ``MoELayer`` MLP, groups the spec already names, and ``None`` groups are left as they are."""
+    in the params of its MoE submodule ``field`` (a copy; the spec itself is not changed). Specs
+    without an ``MoELayer`` there, groups the spec already names, and ``None`` groups are left as
+    they are."""
     submodules = layer_spec.submodules if isinstance(layer_spec, ModuleSpec) else None
-    mlp = getattr(submodules, "mlp", None)
+    mlp = getattr(submodules, field, None)
     if not isinstance(mlp, ModuleSpec) or not (
         isinstance(mlp.module, type) and issubclass(mlp.module, MoELayer)
     ):
@@ -30,5 +33,5 @@ def with_expert_parallel_group(
         return layer_spec
     spec = copy.copy(layer_spec)
     spec.submodules = copy.copy(submodules)
-    spec.submodules.mlp = ModuleSpec(mlp.module, {**mlp.params, **added}, mlp.submodules)
+    setattr(spec.submodules, field, ModuleSpec(mlp.module, {**mlp.params, **added}, mlp.submodules))
     return spec
