@@ -1,5 +1,6 @@
-"""Suite-wide pytest wiring: the distributed harness fixture, GPU skipping, and CPU tests kept
-off the GPU.
+"""Suite-wide pytest wiring: the distributed harness fixture, GPU skipping, CPU tests kept off
+the GPU, and the Triton-interpreter tests deferred to the end while their runs go on in the
+background (``mcore_testing.triton_interpreter``).
 
 Nothing here imports torch or an mcore package at import time: the same conftest serves
 ``mcore-api``'s tests in an environment that has neither.
@@ -19,6 +20,7 @@ import os
 
 import pytest
 from mcore_testing.distributed import run_distributed as _run_distributed
+from mcore_testing.triton_interpreter import defer_interpreted
 
 
 @pytest.fixture
@@ -47,6 +49,10 @@ def pytest_collection_modifyitems(config, items):
     in_process = [item for item in gpu_items if not item.get_closest_marker("distributed")]
     cpu = [item for item in items if not item.get_closest_marker("gpu")]
     items[:] = forked + cpu + in_process
+
+
+def pytest_collection_finish(session):
+    defer_interpreted(session.items)
 
 
 _VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
