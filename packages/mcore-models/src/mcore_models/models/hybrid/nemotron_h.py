@@ -16,23 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from mcore_api import experimental_api
 from mcore_parallel import ProcessGroupCollection
 
 from ...config.transformer_config import TransformerConfig
-from ...hf.checkpoint import pad_vocab_rows
-from ...hf.expert_parallel import local_expert_state
-from ...hf.io import read_hf_config, read_hf_generation_config, read_hf_weights
 from ...hf.mapping import unsupported
 from ...hf.qkv import pack_qkv
-from ...hf.sharding import load_full_state_dict
-from ...hf.special_tokens import special_tokens_from_hf
 from ...ssm import MambaConfig
-from ...transformer.process_groups import resolve_process_groups
+from .hf_import import import_hybrid
 from .layer_pattern import HybridLayerPattern
 from .model import HybridModel
-from .specs import get_hybrid_layer_spec
 
 # Hugging Face's layer type names (current and legacy) -> pattern symbols.
 _SYMBOLS = {
@@ -193,31 +186,9 @@ def import_nemotron_h(
         NotImplementedError: an unsupported HF option (see ``nemotron_h_configs``), or a TP size
             above ``num_key_value_heads``.
     """
-    groups = resolve_process_groups(pg_collection)
-    if isinstance(source, torch.nn.Module):
-        hf_config, generation_config = source.config.to_dict(), {}
-    else:
-        hf_config, generation_config = read_hf_config(source), read_hf_generation_config(source)
-    hf_config = _current_names(hf_config)
-    tp = dist.get_world_size(groups.tp)
-    config, mamba, pattern, vocab_size = nemotron_h_configs(
-        hf_config, tensor_model_parallel_size=tp, **config_overrides
+    return import_hybrid(
+        source, nemotron_h_configs, nemotron_h_state, _SPECIAL_TOKEN_DEFAULTS, pg_collection, config_overrides
     )
-    if "*" in pattern.symbols and config.num_query_groups % tp:
-        raise NotImplementedError(
-            f"the tensor-parallel size ({tp}) must divide num_key_value_heads ({config.num_query_groups})"
-        )
-    spec = get_hybrid_layer_spec(config, pattern, mamba)
-    special_tokens = special_tokens_from_hf(hf_config, generation_config, _SPECIAL_TOKEN_DEFAULTS)
-    model = HybridModel(config, vocab_size, pattern, layer_spec=spec, pg_collection=groups, **special_tokens)
-    if isinstance(source, torch.nn.Module):
-        weights = {name: t.detach().to(torch.float32) for name, t in source.state_dict().items()}
-    else:
-        weights = {name: t.to(torch.float32) for name, t in read_hf_weights(source).items()}
-    state = pad_vocab_rows(nemotron_h_state(weights, config, pattern), model.padded_vocab_size)
-    local_expert_state(model, state)
-    load_full_state_dict(model, state, groups.tp)
-    return model.eval()
 
 
 @experimental_api

@@ -99,17 +99,18 @@ def nemotron_h_hf_config(model: HybridModel) -> dict[str, Any]:
         "num_nextn_predict_layers": 0,
     }
     if "M" in pattern.symbols:
-        hf |= _mamba_to_hf(_mamba_config(model), config.hidden_size)
+        hf |= _mamba_to_hf(mamba_config_of(model), config.hidden_size)
     if "E" in pattern.symbols:
         hf |= _moe_to_hf(config)
     return hf
 
 
-def _mamba_config(model: HybridModel) -> MambaConfig:
-    """The ``MambaConfig`` of ``model``'s Mamba mixers (``NotImplementedError`` if they differ)."""
+def mamba_config_of(model: HybridModel) -> MambaConfig:
+    """The ``MambaConfig`` of ``model``'s Mamba mixers (``NotImplementedError`` if they differ:
+    Hugging Face's configs have one)."""
     configs = [m.mamba for m in model.modules() if isinstance(m, MambaMixer)]
     if any(c != configs[0] for c in configs):
-        raise NotImplementedError("NemotronH needs every Mamba layer to have the same MambaConfig")
+        raise NotImplementedError("Hugging Face configs need every Mamba layer to have the same MambaConfig")
     return configs[0]
 
 

@@ -1,0 +1,169 @@
+"""``import_mamba2`` / ``export_mamba2`` against Hugging Face's ``Mamba2ForCausalLM``.
+
+Oracle: a random-weight transformers Mamba2 (fp32; random norms and ``D``; some time steps of
+layer 0 below its ``time_step_limit``, so the clamp matters; a sequence that ends inside a scan
+chunk; non-default special tokens) saved with ``save_pretrained``. Imported at TP = 1 and 2, our
+logits equal its logits within 1e-4; exported, the files hold the tensors ``save_pretrained``
+wrote, ``from_pretrained`` loads them with no missing or unexpected keys and gives the same
+logits, and re-importing the export gives the first import's state dict. Options Mamba2 or
+``HybridModel`` cannot represent fail with errors naming them, before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import transformers  # imported here so forked ranks inherit it
+from mcore_models.config.transformer_config import TransformerConfig
+from mcore_models.models.hybrid import HybridModel, export_mamba2, import_mamba2, mamba2_configs
+from mcore_models.ssm import MambaConfig
+from safetensors.torch import load_file
+
+TOLERANCE = 1e-4
+VOCAB = 64
+HF_CONFIG = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_heads=8,
+    head_dim=8,
+    expand=2,
+    n_groups=2,
+    state_size=16,
+    chunk_size=8,
+    time_step_limit=(0.02, math.inf),
+    bos_token_id=3,
+    eos_token_id=4,
+    pad_token_id=5,
+)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
+    torch.manual_seed(0)
+    model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**HF_CONFIG)).eval()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.endswith(("norm.weight", "norm_f.weight", ".D")):
+                tensor.add_(torch.randn_like(tensor) * 0.1)
+        # half the heads of layer 0 take time steps below the limit's 0.02, where it clamps them
+        model.backbone.layers[0].mixer.dt_bias[::2] = -10.0
+        model.backbone.layers[0].mixer.in_proj.weight *= 25.0
+    directory = tmp_path_factory.mktemp("mamba2")
+    model.save_pretrained(directory)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits
+    return directory, ids, logits
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_parallel):
+    source, ids, expected = reference
+    target = tmp_path / "export"
+
+    def body():
+        import torch.distributed as dist
+
+        groups = model_parallel(tp)
+        model = import_mamba2(source, pg_collection=groups)
+        assert [layer.layer_type for layer in model.decoder.layers] == ["mamba"] * 3
+        assert (model.bos_token_id, model.eos_token_ids, model.pad_token_id) == (3, (4,), 5)
+        with torch.no_grad():
+            local = model(ids)
+        shards = [torch.empty_like(local) for _ in range(tp)]
+        dist.all_gather(shards, local, group=groups.tp)
+        export_mamba2(model, target)
+        again = import_mamba2(target, pg_collection=groups)
+        ours, theirs = model.state_dict(), again.state_dict()
+        assert ours.keys() == theirs.keys()
+        return torch.cat(shards, dim=-1), [name for name in ours if not torch.equal(ours[name], theirs[name])]
+
+    for logits, changed in run_distributed(body, tp, timeout=120):
+        assert (logits - expected).abs().max().item() <= TOLERANCE
+        assert changed == []
+
+    original, exported = load_file(source / "model.safetensors"), load_file(target / "model.safetensors")
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[name], original[name]) for name in original)
+    config = json.loads((target / "config.json").read_text())
+    assert (config["model_type"], config["time_step_limit"], config["eos_token_id"]) == (
+        "mamba2",
+        [0.02, {"__float__": "Infinity"}],  # as transformers writes infinity
+        4,
+    )
+    hf, info = transformers.Mamba2ForCausalLM.from_pretrained(target, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        assert (hf.eval()(ids).logits - expected).abs().max().item() <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"use_bias": True}, "use_bias=True"),
+        ({"use_conv_bias": False}, "use_conv_bias=False"),
+        ({"time_step_limit": [0.0, 1.0]}, r"time_step_limit=\[0.0, 1.0\].*\[min, inf\]"),
+    ],
+)
+def test_unsupported_options_are_named(changes, match):
+    with pytest.raises(NotImplementedError, match=match):
+        mamba2_configs(HF_CONFIG | changes)
+
+
+def test_config_maps_every_size():
+    config, mamba, pattern, vocab = mamba2_configs(HF_CONFIG, tensor_model_parallel_size=2)
+    assert (pattern.symbols, vocab, config.hidden_size, config.tensor_model_parallel_size) == (
+        "MMM",
+        64,
+        32,
+        2,
+    )
+    assert (mamba.heads(32), mamba.mamba_head_dim, mamba.mamba_num_groups, mamba.mamba_state_dim) == (
+        8,
+        8,
+        2,
+        16,
+    )
+    assert (mamba.mamba_chunk_size, mamba.mamba_dt_clamp_min) == (8, 0.02)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "config_changes", "match"),
+    [
+        ("M*", {}, "only Mamba layers"),
+        ("MM", {"position_embedding_type": "learned_absolute"}, "position_embedding_type"),
+        ("MM", {"normalization": "LayerNorm"}, "normalization='LayerNorm'"),
+    ],
+)
+def test_inexpressible_models_fail_before_writing(
+    pattern, config_changes, match, tmp_path, run_distributed, model_parallel
+):
+    target = tmp_path / "export"
+
+    def body():
+        groups = model_parallel(1)
+        config = TransformerConfig(
+            **(
+                dict(
+                    num_layers=2,
+                    hidden_size=32,
+                    num_attention_heads=4,
+                    normalization="RMSNorm",
+                    position_embedding_type="none",
+                )
+                | config_changes
+            )
+        )
+        mamba = MambaConfig(mamba_num_heads=8, mamba_head_dim=8, mamba_num_groups=2, mamba_state_dim=16)
+        model = HybridModel(config, VOCAB, pattern, mamba, pg_collection=groups)
+        with pytest.raises(NotImplementedError, match=match):
+            export_mamba2(model, target)
+
+    run_distributed(body, 1, timeout=60)
+    assert not target.exists()
