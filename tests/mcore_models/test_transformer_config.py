@@ -35,6 +35,13 @@ def test_derived_defaults():
             "divisible",
         ),
         ({"cp_comm_type": "a2a"}, "cp_comm_type", "['p2p', 'all_gather']"),
+        ({"rotary_percent": 0.0}, "rotary_percent", "in (0, 1]"),
+        ({"rotary_percent": 1.5}, "rotary_percent", "in (0, 1]"),
+        (
+            {"position_embedding_type": "rope", "kv_channels": 6, "rotary_percent": 0.5},
+            "rotary_percent, kv_channels",
+            "= 3 channels; it must be even",
+        ),
         (
             {"expert_tensor_parallel_size": 2},
             "expert_tensor_parallel_size, num_moe_experts",

@@ -60,6 +60,11 @@ class TransformerConfig(ModelParallelConfig):
         2048, minimum=1, help="Rows of the learned position table; longest sequence for learned positions."
     )
     rotary_base: float = config_field(10000.0, minimum=1.0, help="RoPE base (theta).")
+    rotary_percent: float = config_field(
+        1.0,
+        minimum=0.0,
+        help="Fraction of each head's channels RoPE rotates (the first ones); the rest pass through.",
+    )
     rope_scaling_type: Literal["none", "linear", "llama3"] = config_field(
         "none", help="Frequency scaling of plain RoPE: linear (position interpolation) or llama3."
     )
@@ -264,11 +269,29 @@ class TransformerConfig(ModelParallelConfig):
                 f"num_query_groups ({self.num_query_groups}) must be divisible by the tensor-parallel size ({tp})",
             )
         self._check_window()
+        self._check_rotary()
         self._check_moe()
         if self.activation_clamp_value is not None and self.activation not in GATED_ACTIVATIONS:
             raise ConfigError(
                 ["activation_clamp_value", "activation"],
                 f"clamping applies to gated activations {list(GATED_ACTIVATIONS)}, got {self.activation!r}",
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels per head that RoPE rotates: ``int(kv_channels * rotary_percent)``."""
+        return int(self.kv_channels * self.rotary_percent)
+
+    def _check_rotary(self) -> None:
+        if not 0 < self.rotary_percent <= 1:
+            raise ConfigError(
+                ["rotary_percent"], f"rotary_percent must be in (0, 1], got {self.rotary_percent}"
+            )
+        if self.position_embedding_type in ("rope", "yarn") and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ConfigError(
+                ["rotary_percent", "kv_channels"],
+                f"RoPE rotates int(kv_channels * rotary_percent) = {self.rotary_dim} channels; "
+                "it must be even and at least 2",
             )
 
     def _check_parallelism_exists(self) -> None:

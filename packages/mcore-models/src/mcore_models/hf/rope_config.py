@@ -8,14 +8,17 @@ from ..config.transformer_config import TransformerConfig
 from .mapping import unsupported
 
 
-def rope_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
-    """``TransformerConfig`` keyword arguments for the rotary embedding of an HF config."""
+def rope_from_hf(hf: dict[str, Any], *, partial_rotary: bool = False) -> dict[str, Any]:
+    """``TransformerConfig`` keyword arguments for the rotary embedding of an HF config.
+    ``partial_rotary``: the family's model reads ``partial_rotary_factor`` (else one other than 1
+    is refused, since transformers would ignore it)."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise unsupported("partial_rotary_factor", params.get("partial_rotary_factor"), "1.0")
-    out: dict[str, Any] = {"position_embedding_type": "rope", "rotary_base": theta}
+    partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0 and not partial_rotary:
+        raise unsupported("partial_rotary_factor", partial, "1.0")
+    out: dict[str, Any] = {"position_embedding_type": "rope", "rotary_base": theta, "rotary_percent": partial}
     if rope_type == "default":
         return out
     if rope_type == "linear":
@@ -49,8 +52,9 @@ def rope_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     raise unsupported("rope_type", rope_type, "default, linear, llama3, yarn")
 
 
-def rope_to_hf(config: TransformerConfig) -> dict[str, Any]:
-    """``rope_theta`` and ``rope_parameters`` entries of an HF config."""
+def rope_to_hf(config: TransformerConfig, *, partial_rotary: bool = False) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_parameters`` entries of an HF config (``ValueError`` for a
+    ``rotary_percent`` other than 1 unless the family reads ``partial_rotary``)."""
     params: dict[str, Any] = {"rope_theta": config.rotary_base, "rope_type": "default"}
     if config.position_embedding_type == "yarn":
         params |= {
@@ -75,4 +79,8 @@ def rope_to_hf(config: TransformerConfig) -> dict[str, Any]:
             "high_freq_factor": config.rope_high_freq_factor,
             "original_max_position_embeddings": config.rope_original_max_position_embeddings,
         }
+    if config.rotary_percent != 1.0:
+        if not partial_rotary:
+            raise ValueError(f"rotary_percent={config.rotary_percent} has no equivalent in this family")
+        params["partial_rotary_factor"] = config.rotary_percent
     return {"rope_theta": config.rotary_base, "rope_parameters": params}

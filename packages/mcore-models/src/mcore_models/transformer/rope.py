@@ -25,14 +25,15 @@ def llama3_scaled_frequencies(
 class RotaryEmbedding(torch.nn.Module):
     """Cos/sin tables for positions; ``forward(position_ids [b, s])`` -> ``(cos, sin)`` each ``[s, b, 1, d]``.
 
-    Rotation is in the half-split layout (dims ``i`` and ``i + d/2`` pair up). ``attention_scaling``
-    multiplies cos and sin (YaRN's temperature; 1 otherwise).
+    ``d`` is ``config.rotary_dim``: with ``rotary_percent`` < 1 the tables cover the first ``d``
+    channels of each head and ``apply_rotary`` passes the others through. Rotation is in the
+    half-split layout (dims ``i`` and ``i + d/2`` pair up). ``attention_scaling`` multiplies cos
+    and sin (YaRN's temperature; 1 otherwise).
     """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        dim = config.kv_channels
-        inv_freq = self.inverse_frequencies(config, dim)
+        inv_freq = self.inverse_frequencies(config, config.rotary_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scaling = self.scaling(config)
 

@@ -1,0 +1,111 @@
+"""``import_bamba`` against Hugging Face's ``BambaForCausalLM``.
+
+Oracle: a random-weight transformers Bamba (fp32; Mamba and attention layers, each followed by a
+SwiGLU MLP; grouped-query attention with half-rotary RoPE, scaled up so positions show in the
+logits; random norms and ``D``; some time steps
+of layer 0 below its ``time_step_limit``; a sequence ending inside a scan chunk). Imported at
+TP = 1 and 2, our logits equal its logits within 1e-4. Options we cannot represent fail with
+errors naming them, before any weight is read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers  # imported here so forked ranks inherit it
+from mcore_models.models.hybrid import bamba_configs, import_bamba
+
+TOLERANCE = 1e-4
+VOCAB = 64
+HF_CONFIG = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=3,
+    attn_layer_indices=[1],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    mamba_n_heads=8,
+    mamba_d_head=8,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_chunk_size=8,
+    time_step_limit=(0.02, math.inf),
+    rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
+    torch.manual_seed(0)
+    model = transformers.BambaForCausalLM(transformers.BambaConfig(**HF_CONFIG)).eval()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.endswith(("norm.weight", "layernorm.weight", ".D")):
+                tensor.add_(torch.randn_like(tensor) * 0.1)
+        # half the heads of layer 0 take time steps below the limit's 0.02, where it clamps them
+        model.model.layers[0].mamba.dt_bias[::2] = -10.0
+        model.model.layers[0].mamba.in_proj.weight *= 25.0
+        # attention scores and output large enough for the positions to show in the logits
+        attention = model.model.layers[1].self_attn
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
+            projection.weight *= 10.0
+    directory = tmp_path_factory.mktemp("bamba")
+    model.save_pretrained(directory)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits
+    return directory, ids, logits
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logits_equal_transformers(tp, reference, run_distributed, model_parallel):
+    source, ids, expected = reference
+
+    def body():
+        import torch.distributed as dist
+
+        groups = model_parallel(tp)
+        model = import_bamba(source, pg_collection=groups)
+        types = [layer.layer_type for layer in model.decoder.layers]
+        assert types == ["mamba", "mlp", "attention", "mlp", "mamba", "mlp"]
+        assert model.config.rotary_dim == 4  # half of each head's 8 channels
+        with torch.no_grad():
+            local = model(ids)
+        shards = [torch.empty_like(local) for _ in range(tp)]
+        dist.all_gather(shards, local, group=groups.tp)
+        return torch.cat(shards, dim=-1)
+
+    for logits in run_distributed(body, tp, timeout=120):
+        assert (logits - expected).abs().max().item() <= TOLERANCE
+
+
+def test_half_rotary_matters(reference, run_distributed, model_parallel):
+    """The same weights with every channel rotated give other logits: the test above checks the
+    partial rotation, not a case where it makes no difference."""
+    source, ids, expected = reference
+
+    def body():
+        model = import_bamba(source, pg_collection=model_parallel(1), rotary_percent=1.0)
+        with torch.no_grad():
+            return (model(ids) - expected).abs().max().item()
+
+    assert run_distributed(body, 1, timeout=60)[0] > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"attention_bias": True}, "attention_bias=True"),
+        ({"mamba_proj_bias": True}, "mamba_proj_bias=True"),
+        ({"time_step_limit": [0.0, 1.0]}, r"time_step_limit=\[0.0, 1.0\]"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "rope_type='dynamic'"),
+    ],
+)
+def test_unsupported_options_are_named(changes, match):
+    with pytest.raises(NotImplementedError, match=match):
+        bamba_configs(HF_CONFIG | changes)
