@@ -1,11 +1,13 @@
-"""``import_bamba`` against Hugging Face's ``BambaForCausalLM``.
+"""``import_bamba`` / ``export_bamba`` against Hugging Face's ``BambaForCausalLM``.
 
 Oracle: a random-weight transformers Bamba (fp32; Mamba and attention layers, each followed by a
 SwiGLU MLP; grouped-query attention with half-rotary RoPE, scaled up so positions show in the
 logits; random norms and ``D``; some time steps
 of layer 0 below its ``time_step_limit``; a sequence ending inside a scan chunk). Imported at
-TP = 1 and 2, our logits equal its logits within 1e-4. Options we cannot represent fail with
-errors naming them, before any weight is read.
+TP = 1 and 2, our logits equal its logits within 1e-4; exported, the files hold the tensors
+``save_pretrained`` wrote, ``from_pretrained`` loads them with no missing or unexpected keys and
+gives the same logits, and re-importing gives the first import's state dict. Options either side
+cannot represent fail with errors naming them, before anything is read or written.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import math
 import pytest
 import torch
 import transformers  # imported here so forked ranks inherit it
-from mcore_models.models.hybrid import bamba_configs, import_bamba
+from mcore_models.config.transformer_config import TransformerConfig
+from mcore_models.models.hybrid import HybridModel, bamba_configs, export_bamba, import_bamba
+from mcore_models.ssm import MambaConfig
+from safetensors.torch import load_file
 
 TOLERANCE = 1e-4
 VOCAB = 64
@@ -62,8 +67,9 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_logits_equal_transformers(tp, reference, run_distributed, model_parallel):
+def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_parallel):
     source, ids, expected = reference
+    target = tmp_path / "export"
 
     def body():
         import torch.distributed as dist
@@ -77,10 +83,23 @@ def test_logits_equal_transformers(tp, reference, run_distributed, model_paralle
             local = model(ids)
         shards = [torch.empty_like(local) for _ in range(tp)]
         dist.all_gather(shards, local, group=groups.tp)
-        return torch.cat(shards, dim=-1)
+        export_bamba(model, target)
+        again = import_bamba(target, pg_collection=groups)
+        ours, theirs = model.state_dict(), again.state_dict()
+        assert ours.keys() == theirs.keys()
+        return torch.cat(shards, dim=-1), [name for name in ours if not torch.equal(ours[name], theirs[name])]
 
-    for logits in run_distributed(body, tp, timeout=120):
+    for logits, changed in run_distributed(body, tp, timeout=120):
         assert (logits - expected).abs().max().item() <= TOLERANCE
+        assert changed == []
+
+    original, exported = load_file(source / "model.safetensors"), load_file(target / "model.safetensors")
+    assert exported.keys() == original.keys()
+    assert all(torch.equal(exported[name], original[name]) for name in original)
+    hf, info = transformers.BambaForCausalLM.from_pretrained(target, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        assert (hf.eval()(ids).logits - expected).abs().max().item() <= TOLERANCE
 
 
 def test_half_rotary_matters(reference, run_distributed, model_parallel):
@@ -109,3 +128,41 @@ def test_half_rotary_matters(reference, run_distributed, model_parallel):
 def test_unsupported_options_are_named(changes, match):
     with pytest.raises(NotImplementedError, match=match):
         bamba_configs(HF_CONFIG | changes)
+
+
+BASE = dict(
+    num_layers=4,
+    hidden_size=32,
+    num_attention_heads=4,
+    ffn_hidden_size=48,
+    normalization="RMSNorm",
+    activation="swiglu",
+    add_bias_linear=False,
+    position_embedding_type="rope",
+    rotary_percent=0.5,
+)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "config_changes", "match"),
+    [
+        ("MM*-", {}, "M- or \\*- pairs"),
+        ("M-*-", {"activation": "squared_relu"}, "activation='squared_relu'"),
+        ("M-*-", {"rotary_percent": 1.0}, "rotary_percent=1.0"),
+        ("M-*-", {"qk_layernorm": True}, "qk_layernorm=True"),
+    ],
+)
+def test_inexpressible_models_fail_before_writing(
+    pattern, config_changes, match, tmp_path, run_distributed, model_parallel
+):
+    target = tmp_path / "export"
+
+    def body():
+        mamba = MambaConfig(mamba_num_heads=8, mamba_head_dim=8, mamba_num_groups=2, mamba_state_dim=16)
+        config = TransformerConfig(**(BASE | config_changes))
+        model = HybridModel(config, VOCAB, pattern, mamba, pg_collection=model_parallel(1))
+        with pytest.raises(NotImplementedError, match=match):
+            export_bamba(model, target)
+
+    run_distributed(body, 1, timeout=60)
+    assert not target.exists()

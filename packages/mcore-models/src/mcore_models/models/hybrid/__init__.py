@@ -2,9 +2,17 @@
 which layer goes where (``HybridLayerPattern``), the layer and its spec (``HybridLayer``,
 ``get_hybrid_layer_spec``), the model (``HybridModel``) and the import of Hugging Face NemotronH
 and Mamba2 checkpoints (``import_nemotron_h``, ``import_mamba2``) and their export
-(``export_nemotron_h``, ``export_mamba2``), and the import of Bamba checkpoints (``import_bamba``)."""
+(``export_nemotron_h``, ``export_mamba2``), and Bamba's (``import_bamba``, ``export_bamba``)."""
 
-from .bamba import bamba_configs, bamba_pattern, bamba_state, import_bamba
+from .bamba import (
+    bamba_configs,
+    bamba_hf_config,
+    bamba_pattern,
+    bamba_state,
+    bamba_weights,
+    export_bamba,
+    import_bamba,
+)
 from .layer import HybridLayer, HybridLayerSubmodules
 from .layer_pattern import LAYER_SYMBOLS, STAGE_SEPARATOR, HybridLayerPattern
 from .mamba2 import export_mamba2, import_mamba2, mamba2_configs, mamba2_hf_config
@@ -21,8 +29,11 @@ __all__ = [
     "HybridLayerSubmodules",
     "HybridModel",
     "bamba_configs",
+    "bamba_hf_config",
     "bamba_pattern",
     "bamba_state",
+    "bamba_weights",
+    "export_bamba",
     "export_mamba2",
     "export_nemotron_h",
     "get_hybrid_layer_spec",

@@ -1,4 +1,4 @@
-"""Import a Hugging Face Bamba checkpoint (``BambaForCausalLM``) into ``HybridModel``.
+"""Hugging Face Bamba (``BambaForCausalLM``) as a ``HybridModel``: import and export.
 
 A Bamba layer is a mixer (Mamba-2 or attention) and a SwiGLU MLP, each with its own pre-norm and
 residual: two ``HybridLayer``s, so Bamba's layer ``i`` becomes our layers ``2i`` (``M`` or ``*``)
@@ -16,18 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from mcore_api import experimental_api
 from mcore_parallel import ProcessGroupCollection
 
 from ...config.transformer_config import TransformerConfig
+from ...hf.checkpoint import gather_export_state
+from ...hf.io import write_hf_checkpoint
 from ...hf.mapping import unsupported
-from ...hf.qkv import pack_qkv
-from ...hf.rope_config import rope_from_hf
+from ...hf.qkv import pack_qkv, unpack_qkv
+from ...hf.rope_config import rope_from_hf, rope_to_hf
+from ...hf.special_tokens import special_tokens_to_hf
 from ...ssm import MambaConfig
 from .hf_import import import_hybrid
 from .layer_pattern import HybridLayerPattern
 from .model import HybridModel
+from .nemotron_h_export import mamba_config_of
 
+ARCHITECTURE = "BambaForCausalLM"
 # What transformers assumes when config.json omits the special token ids.
 _SPECIAL_TOKEN_DEFAULTS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 # HF config key -> (the value it must have, also BambaConfig's default; what is supported).
@@ -157,3 +163,147 @@ def import_bamba(
     return import_hybrid(
         source, bamba_configs, bamba_state, _SPECIAL_TOKEN_DEFAULTS, pg_collection, config_overrides
     )
+
+
+# TransformerConfig fields Bamba fixes: field -> the value it needs.
+_FIXED = {
+    "normalization": "RMSNorm",
+    "activation": "swiglu",
+    "add_bias_linear": False,
+    "add_qkv_bias": False,
+    "qk_layernorm": False,
+    "position_embedding_type": "rope",
+    "rotary_percent": ROTARY_PERCENT,
+    "window_size": None,
+    "softmax_type": "vanilla",
+    "num_moe_experts": None,
+}
+
+
+@experimental_api
+def bamba_hf_config(model: HybridModel) -> dict[str, Any]:
+    """The Bamba ``config.json`` contents of ``model`` (special tokens and ``dtype`` aside).
+
+    Raises:
+        NotImplementedError: a pattern that is not ``M-`` / ``*-`` pairs, or what Bamba fixes
+            otherwise (RMSNorm, SwiGLU, no biases, no qk-norm, half-rotary RoPE, no window, the
+            vanilla softmax at ``kv_channels ** -0.5``, no MoE, one ``MambaConfig``), or pipeline
+            stages, naming the field and what it needs.
+    """
+    config, symbols = model.config, model.pattern.symbols
+    if len(symbols) % 2 or any(
+        symbols[i] not in "M*" or symbols[i + 1] != "-" for i in range(0, len(symbols), 2)
+    ):
+        raise NotImplementedError(f"Bamba layers are M- or *- pairs; the pattern is {symbols!r}")
+    if not (model.pre_process and model.post_process) or config.pipeline_model_parallel_size > 1:
+        raise NotImplementedError("export a Bamba checkpoint from a model without pipeline stages")
+    for field, needed in _FIXED.items():
+        if getattr(config, field) != needed:
+            raise NotImplementedError(
+                f"Bamba cannot express {field}={getattr(config, field)!r}; it needs {needed!r}"
+            )
+    if config.softmax_scale not in (None, config.kv_channels**-0.5):
+        raise NotImplementedError(f"Bamba cannot express softmax_scale={config.softmax_scale!r}")
+    hf: dict[str, Any] = {
+        "model_type": "bamba",
+        "architectures": [ARCHITECTURE],
+        "vocab_size": model.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.ffn_hidden_size,
+        "num_hidden_layers": len(symbols) // 2,
+        "attn_layer_indices": [i // 2 for i in range(0, len(symbols), 2) if symbols[i] == "*"],
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_query_groups,
+        "head_dim": config.kv_channels,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.layernorm_epsilon,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.share_embeddings_and_output_weights,
+        "attention_dropout": config.attention_dropout,
+        "initializer_range": config.init_method_std,
+        "attention_bias": False,
+        "mlp_bias": False,
+        **rope_to_hf(config, partial_rotary=True),
+    }
+    if "M" in symbols:
+        mamba = mamba_config_of(model)
+        hf |= {
+            "mamba_n_heads": mamba.heads(config.hidden_size),
+            "mamba_d_head": mamba.mamba_head_dim,
+            "mamba_n_groups": mamba.mamba_num_groups,
+            "mamba_d_state": mamba.mamba_state_dim,
+            "mamba_d_conv": mamba.mamba_conv_kernel,
+            "mamba_expand": mamba.mamba_expand,
+            "mamba_chunk_size": mamba.mamba_chunk_size,
+            "mamba_conv_bias": True,
+            "mamba_proj_bias": False,
+            "time_step_limit": [mamba.mamba_dt_clamp_min, math.inf],
+        }
+        if hf["mamba_n_heads"] * mamba.mamba_head_dim != mamba.mamba_expand * config.hidden_size:
+            raise NotImplementedError("Bamba needs mamba_n_heads * mamba_d_head = mamba_expand * hidden_size")
+    return hf
+
+
+@experimental_api
+def bamba_weights(
+    state: dict[str, torch.Tensor], config: TransformerConfig, pattern: HybridLayerPattern
+) -> dict[str, torch.Tensor]:
+    """Bamba's tensors of a full (TP = 1) ``HybridModel`` state dict without vocabulary padding:
+    the inverse of ``bamba_state``."""
+    weights = {
+        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        "model.final_layernorm.weight": state["decoder.final_layernorm.weight"],
+    }
+    if not config.share_embeddings_and_output_weights:
+        weights["lm_head.weight"] = state["output_layer.weight"]
+    kinds = pattern.layer_types()
+    for i in range(len(kinds) // 2):
+        theirs, mixer, mlp = f"model.layers.{i}.", f"decoder.layers.{2 * i}.", f"decoder.layers.{2 * i + 1}."
+        weights[f"{theirs}input_layernorm.weight"] = state[f"{mixer}norm.weight"]
+        weights[f"{theirs}pre_ff_layernorm.weight"] = state[f"{mlp}norm.weight"]
+        if kinds[2 * i] == "mamba":
+            prefix = f"{mixer}mixer."
+            weights |= {
+                f"{theirs}mamba.{n[len(prefix) :]}": t for n, t in state.items() if n.startswith(prefix)
+            }
+        else:
+            q, k, v = unpack_qkv(
+                state[f"{mixer}mixer.linear_qkv.weight"],
+                config.num_attention_heads,
+                config.num_query_groups,
+                config.kv_channels,
+            )
+            attention = f"{theirs}self_attn."
+            weights |= {
+                f"{attention}q_proj.weight": q,
+                f"{attention}k_proj.weight": k,
+                f"{attention}v_proj.weight": v,
+            }
+            weights[f"{attention}o_proj.weight"] = state[f"{mixer}mixer.linear_proj.weight"]
+        gate, up = state[f"{mlp}mixer.linear_fc1.weight"].chunk(2)
+        weights |= {
+            f"{theirs}feed_forward.gate_proj.weight": gate,
+            f"{theirs}feed_forward.up_proj.weight": up,
+        }
+        weights[f"{theirs}feed_forward.down_proj.weight"] = state[f"{mlp}mixer.linear_fc2.weight"]
+    return weights
+
+
+@experimental_api
+def export_bamba(model: HybridModel, directory: str | Path) -> None:
+    """Write ``model`` as a Bamba checkpoint ``BambaForCausalLM.from_pretrained`` loads; the
+    inverse of ``import_bamba``. Collective over the model's TP group, as ``export_nemotron_h``.
+
+    Raises:
+        NotImplementedError: ``model`` has what Bamba cannot represent (see ``bamba_hf_config``);
+            raised on every rank before anything is gathered or written.
+    """
+    hf_config = bamba_hf_config(model)
+    state, groups = gather_export_state(model)
+    weights = bamba_weights(state, model.config, model.pattern)
+    if all(dist.get_rank(g) == 0 for g in groups):
+        special_tokens = special_tokens_to_hf(model)
+        hf_config["dtype"] = str(model.config.params_dtype).removeprefix("torch.")
+        write_hf_checkpoint(directory, hf_config | special_tokens, weights, special_tokens)
+    for group in groups:
+        dist.barrier(group=group)
