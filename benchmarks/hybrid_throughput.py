@@ -1,7 +1,8 @@
 """Hybrid throughput: training tokens/s of mcore's ``HybridModel`` against Hugging Face's
-``NemotronHForCausalLM`` of the same config and the same weights.
+``NemotronHForCausalLM`` of the same config and the same weights, and generated tokens/s of
+mcore-inference's engine serving the imported model against HF ``generate``.
 
-Training only (one process, float32 unless ``--dtype bfloat16``, AdamW with ``foreach=True`` for
+Training (one process, float32 unless ``--dtype bfloat16``, AdamW with ``foreach=True`` for
 both contenders, see ``moe_throughput.py``; a step is forward with the loss, backward, optimizer
 step, zeroing the gradients). A seeded random-weight NemotronH with every layer type, pattern
 ``M*-EM*-E`` (Mamba-2 ``M``, attention ``*``, squared-ReLU MLP ``-``, MoE ``E``): 8 layers,
@@ -18,8 +19,12 @@ its logits (``_hf_step``); HF's Mamba mixer runs transformers' reference PyTorch
 The contenders run in interleaved rounds; a figure is the median over rounds of the median step
 time, as tokens/s; ``mcore_over_hf`` is HF's step time over mcore's (above 1: mcore is faster).
 
-Inference (engine) figures are not measured yet: mcore-inference's engine does not serve hybrid
-(Mamba) models yet, so there is nothing of mcore's to time against HF ``generate`` or vLLM.
+Inference (bfloat16, greedy, EOS ignored): the same NemotronH, saved in bfloat16, serves the
+requests of ``inference_throughput.py``'s ``workload`` (prompts of 32-256 tokens, 32-128 new
+tokens; 32 requests, ``--quick`` 4) through mcore's engine (imported by ``import_nemotron_h``,
+each request's Mamba state in a slot beside the paged KV cache) and HF ``generate`` in static
+batches (``--hf-batch-size``, left padded); that script's runners are reused, so the engine gets
+its limits and cache. ``--no-inference`` skips it.
 
     uv run python benchmarks/hybrid_throughput.py [--quick] [--threads N] [--rounds 3] [--steps 5]
 
@@ -35,6 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import inference_throughput as serving
 import torch
 import torch.distributed as dist
 from moe_throughput import measure_training
@@ -109,6 +115,25 @@ def contenders(args, directory: Path) -> dict[str, tuple]:
     }
 
 
+def measure_inference(args, directory: Path) -> dict:
+    """Generated tokens/s of mcore's engine and HF ``generate`` on the same bfloat16 NemotronH."""
+    from mcore_models.models.hybrid import import_nemotron_h
+
+    hf_nemotron_h(args.shape, torch.bfloat16).save_pretrained(directory)
+    requests = serving.workload(args.requests, vocab_size=args.shape["vocab_size"])
+    mcore = serving.run_mcore(directory, requests, "cpu", cuda_graphs=False, import_model=import_nemotron_h)
+    result = {
+        "dtype": "bfloat16",
+        "requests": args.requests,
+        "generated_tokens": sum(n for _, n in requests),
+        "mcore_tokens_per_s": mcore["tokens_per_s"],
+        "hf_tokens_per_s": serving.run_hf(directory, requests, args.hf_batch_size, "cpu"),
+        "mcore_steps": mcore["steps"],
+    }
+    result["mcore_over_hf"] = result["mcore_tokens_per_s"] / result["hf_tokens_per_s"]
+    return result
+
+
 def check_same_logits(mcore, hf, ids: torch.Tensor, vocab: int) -> None:
     """Refuse to time models that compute different things: mcore's float32 logits must be HF's
     (tolerance 1e-4)."""
@@ -137,23 +162,33 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="training dtype")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="cores for both contenders")
+    parser.add_argument("--requests", type=int, default=None, help="inference requests (default 32)")
+    parser.add_argument("--hf-batch-size", type=int, default=16, help="HF generate's static batch")
+    parser.add_argument("--no-inference", action="store_true", help="training figures only")
     args = parser.parse_args(argv)
     quick = args.quick
     for name, full, small in (("batch", 4, 2), ("seq", 256, 64), ("steps", 5, 2), ("rounds", 3, 1)):
         if getattr(args, name) is None:
             setattr(args, name, small if quick else full)
     args.warmup = 1 if quick else args.warmup
+    args.requests = args.requests or (4 if quick else 32)
     args.shape = SHAPE | (QUICK_SHAPE if quick else {})
     return args
 
 
-def print_table(seconds: dict[str, float], tokens: int) -> None:
+def print_table(seconds: dict[str, float], tokens: int, inference: dict | None) -> None:
     names = {"hf": "HF NemotronHForCausalLM", "mcore": "mcore HybridModel"}
     print(f"{'training (fwd+bwd+AdamW)':<32}{'step [ms]':>11}{'tokens/s':>11}{'vs HF':>8}")
     for name, s in seconds.items():
         print(f"{names[name]:<32}{s * 1e3:>11.1f}{tokens / s:>11.0f}{seconds['hf'] / s:>8.2f}")
     print("(vs HF: HF's step time over this one's; above 1 is faster than HF)")
-    print("inference: not measured (mcore-inference's engine does not serve hybrid models yet)")
+    if inference is None:
+        print("inference: skipped (--no-inference)")
+        return
+    print(f"\n{'inference (bf16, greedy)':<32}{'tokens/s':>11}{'mcore ratio':>13}")
+    for label, key in (("mcore-inference", "mcore"), ("HF generate (static)", "hf")):
+        value = inference[f"{key}_tokens_per_s"]
+        print(f"{label:<32}{value:>11.1f}{inference['mcore_tokens_per_s'] / value:>13.2f}")
 
 
 def main(argv=None) -> None:
@@ -162,6 +197,7 @@ def main(argv=None) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     with tempfile.TemporaryDirectory() as tmp:
         models = contenders(args, Path(tmp))
+        inference = None if args.no_inference else measure_inference(args, Path(tmp) / "serve")
     parameters = {name: sum(p.numel() for p in entry[0].parameters()) for name, entry in models.items()}
     seconds = measure_training(models, args)
     tokens = args.batch * args.seq
@@ -184,10 +220,9 @@ def main(argv=None) -> None:
             "hf_tokens_per_s": tokens / seconds["hf"],
             "mcore_over_hf": seconds["hf"] / seconds["mcore"],
         },
-        "inference": None,
-        "inference_skipped": "mcore-inference's engine does not serve hybrid models yet",
+        "inference": inference,
     }
-    print_table(seconds, tokens)
+    print_table(seconds, tokens, inference)
     print(json.dumps(result))
     dist.destroy_process_group()
 

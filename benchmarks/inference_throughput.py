@@ -89,8 +89,11 @@ def run_mcore(
     device: str,
     cuda_graphs: bool,
     pack_cpu_weights: bool = True,
+    import_model=None,
     **import_options,
 ) -> dict:
+    """Time mcore's engine on ``requests``; the model is ``import_model(directory, pg_collection=...,
+    **import_options)`` (default ``import_hf_checkpoint``), in bfloat16 on ``device``."""
     import torch
     import torch.distributed as dist
     from mcore_inference import DynamicInferenceEngine, SamplingParams
@@ -101,7 +104,7 @@ def run_mcore(
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     pg_collection = ProcessGroupCollection(tp=dist.new_group([0]))
-    model = import_hf_checkpoint(directory, pg_collection=pg_collection, **import_options)
+    model = (import_model or import_hf_checkpoint)(directory, pg_collection=pg_collection, **import_options)
     model.to(device=device, dtype=torch.bfloat16)
     set_cpu_weight_packing(model, pack_cpu_weights)  # as mcore-serve does by default
     engine = DynamicInferenceEngine(

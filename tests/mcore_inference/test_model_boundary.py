@@ -1,19 +1,20 @@
-"""mcore_inference uses nothing of a model but the members of ``mcore_models.InferenceModel`` and
-writes nothing to it: statically (every use of the model in the package's source) and at run time
-on pipeline stages (a proxy that records what is read of the model and refuses writes)."""
+"""mcore_inference uses nothing of a model but the members of ``mcore_models.InferenceModel`` (its
+optional ones through ``mamba_state_config_of``) and writes nothing to it: statically (every use
+of the model in the package's source) and at run time on pipeline stages (a proxy that records
+what is read of the model and refuses writes)."""
 
 import ast
 from pathlib import Path
 
 import mcore_inference
 from mcore_inference import SamplingParams
-from mcore_models import missing_inference_members
+from mcore_models import OPTIONAL_INFERENCE_MEMBERS, missing_inference_members
 
-MEMBERS = frozenset(missing_inference_members(object()))
+MEMBERS = frozenset(missing_inference_members(object())) | frozenset(OPTIONAL_INFERENCE_MEMBERS)
 SOURCE = sorted(Path(mcore_inference.__file__).parent.glob("*.py"))
 # What the source may do with a model besides reading members: check it, name its type, or hand it
 # to its own functions (whose ``model`` parameters the same rules cover).
-FOREIGN_CALLS_TAKING_THE_MODEL = {"missing_inference_members", "type"}
+FOREIGN_CALLS_TAKING_THE_MODEL = {"missing_inference_members", "mamba_state_config_of", "type"}
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=5)
 
 

@@ -198,12 +198,12 @@ def test_pipeline_stages_build_their_layers(run_distributed, model_parallel):
         )
         mamba = MambaConfig(mamba_num_heads=8, mamba_head_dim=8, mamba_num_groups=2, mamba_state_dim=16)
         model = HybridModel(config, VOCAB, "M*|-E", mamba, pg_collection=groups, pre_process=False)
-        kinds = [(layer.layer_number, layer.layer_type) for layer in model.decoder.layers]
-        with pytest.raises(NotImplementedError, match="unequal sizes"):
-            HybridModel(config, VOCAB, "M*-|E", mamba, pg_collection=groups)
-        return kinds
+        uneven = HybridModel(config, VOCAB, "M*-|E", mamba, pg_collection=groups, pre_process=False)
+        return [
+            [(layer.layer_number, layer.layer_type) for layer in m.decoder.layers] for m in (model, uneven)
+        ]
 
     assert run_distributed(body, 2, timeout=60) == [
-        [(1, "mamba"), (2, "attention")],
-        [(3, "mlp"), (4, "moe")],
+        [[(1, "mamba"), (2, "attention")], [(1, "mamba"), (2, "attention"), (3, "mlp")]],
+        [[(3, "mlp"), (4, "moe")], [(4, "moe")]],
     ]

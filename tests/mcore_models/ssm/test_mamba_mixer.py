@@ -1,5 +1,6 @@
 """MambaMixer against Hugging Face's Mamba2Mixer (TP 1 and 2), tensor-parallel exactness against the
-single-process layer, prefill-then-step against one full forward, and its errors."""
+single-process layer, prefill-then-step and an inference engine's paged steps against one full
+forward, and its errors."""
 
 import dataclasses
 
@@ -9,6 +10,7 @@ import torch.distributed as dist
 import transformers  # noqa: F401  (imported here so forked ranks inherit it)
 from mcore_models.config.transformer_config import TransformerConfig
 from mcore_models.ssm import MambaConfig, MambaMixer, blockwise_shard, blockwise_unshard
+from mcore_models.transformer.inference_context import MambaStepLayout
 from mcore_parallel import ConfigError, parse_dataclasses
 from transformers.models.mamba2.configuration_mamba2 import Mamba2Config
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
@@ -173,8 +175,49 @@ def _prefill_then_step_equals_full_forward():
         torch.testing.assert_close(out, full[0], atol=1e-5, rtol=1e-5)
 
 
-def test_prefill_then_step_equals_full_forward(run_distributed):
-    run_distributed(_prefill_then_step_equals_full_forward, 1)
+def _paged_forward_continues_each_slot():
+    """Two engine steps over three requests, their rows mixed (decodes not adjacent, a prompt cut
+    in two), equal ``prefill`` of each request's whole sequence; unlisted slots stay untouched."""
+    torch.manual_seed(0)
+    mixer = _mixer(dist.group.WORLD)
+    x = torch.randn(3, 9, HIDDEN, generator=torch.Generator().manual_seed(1))  # request, token, h
+    conv_shape, ssm_shape = mixer.state_shapes(4)
+    conv_states, ssm_states = torch.zeros(conv_shape), torch.randn(ssm_shape)
+    untouched = ssm_states[3].clone()
+    steps = [  # per step: (request, slot, first token, tokens), in row order
+        [(0, 2, 0, 5), (1, 0, 0, 3), (2, 1, 0, 1)],
+        [(0, 2, 5, 1), (2, 1, 1, 1), (1, 0, 3, 6)],
+    ]
+    outputs = [[] for _ in range(3)]
+    with torch.no_grad():
+        for step in steps:
+            ssm_states[[slot for _, slot, first, _ in step if first == 0]] = 0.0  # fresh requests
+            row = torch.cat([x[r, first : first + n] for r, _, first, n in step]).unsqueeze(1)
+            starts = [0, *torch.tensor([n for *_, n in step]).cumsum(0).tolist()]
+            decodes = [i for i, (*_, n) in enumerate(step) if n == 1]
+            layout = MambaStepLayout(
+                torch.tensor([starts[i] for i in decodes]),
+                torch.tensor([step[i][1] for i in decodes]),
+                tuple((slice(starts[i], starts[i + 1]), step[i][1]) for i in range(3) if step[i][3] > 1),
+            )
+            out = mixer.paged_forward(row, conv_states, ssm_states, layout)
+            for i, (request, *_) in enumerate(step):
+                outputs[request].append(out[starts[i] : starts[i + 1]])
+        for request, length in enumerate((6, 9, 2)):
+            expected = mixer(x[request, :length].unsqueeze(1))
+            torch.testing.assert_close(torch.cat(outputs[request]), expected, atol=1e-5, rtol=1e-5)
+        assert torch.equal(ssm_states[3], untouched)
+        with pytest.raises(ValueError, match=r"one flattened row \[t, 1, h\]"):
+            mixer.paged_forward(x[:, :2].transpose(0, 1), conv_states, ssm_states, layout)
+
+
+def _decoding_paths_equal_full_forward():
+    _prefill_then_step_equals_full_forward()
+    _paged_forward_continues_each_slot()
+
+
+def test_prefill_step_and_paged_forward_equal_full_forward(run_distributed):
+    run_distributed(_decoding_paths_equal_full_forward, 1)
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,33 @@ def test_two_calls_carrying_the_state_equal_one_call(ssd_inputs, split_at):
     torch.testing.assert_close(state_end, state_full, **EXACT)
 
 
+@pytest.mark.parametrize("split_at", [3, 9])
+def test_chunked_scan_continues_the_recurrence_from_its_state(ssd_inputs, split_at):
+    """A prefill chunk of the inference engine: the chunked scan started from the state the naive
+    recurrence left after the first tokens equals the recurrence over the whole sequence."""
+    inputs = ssd_inputs(seqlen=13, ngroups=2)
+    x, dt, A, B, C, D = (inputs[name] for name in ("x", "dt", "A", "B", "C", "D"))
+    y_full, state_full = ssd_naive_recurrence(x, dt, A, B, C, D=D, return_final_state=True)
+    _, state_mid = ssd_naive_recurrence(
+        *(t[:, :split_at] for t in (x, dt)),
+        A,
+        *(t[:, :split_at] for t in (B, C)),
+        D=D,
+        return_final_state=True,
+    )
+    y_rest, state_end = ssd_chunked_scan(
+        *(t[:, split_at:] for t in (x, dt)),
+        A,
+        *(t[:, split_at:] for t in (B, C)),
+        chunk_size=4,
+        D=D,
+        initial_state=state_mid,
+        return_final_state=True,
+    )
+    torch.testing.assert_close(y_rest, y_full[:, split_at:], **EXACT)
+    torch.testing.assert_close(state_end, state_full, **EXACT)
+
+
 def test_gradients_match_recurrence(ssd_inputs):
     inputs = ssd_inputs(seqlen=11, nheads=4, ngroups=2, dstate=3)
     leaves = {name: value.clone().requires_grad_(True) for name, value in inputs.items()}

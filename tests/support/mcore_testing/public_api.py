@@ -18,11 +18,13 @@ def public_objects(module_name: str) -> dict[str, object]:
 
 
 def stability_markers(module_name: str) -> dict[str, str]:
-    """``{name: "internal" | "experimental" | "deprecated"}`` for the marked names of ``__all__``."""
+    """``{name: "internal" | "experimental" | "deprecated"}`` for the marked names of ``__all__``
+    (a class's own marker: one inherited from a marked base class does not mark it, as for
+    ``tools/api_compat``, which reads the decorators)."""
     return {
-        name: getattr(obj, STABILITY_ATTRIBUTE)
+        name: vars(obj)[STABILITY_ATTRIBUTE]
         for name, obj in public_objects(module_name).items()
-        if (inspect.isclass(obj) or inspect.isroutine(obj)) and hasattr(obj, STABILITY_ATTRIBUTE)
+        if (inspect.isclass(obj) or inspect.isroutine(obj)) and STABILITY_ATTRIBUTE in vars(obj)
     }
 
 

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from mcore_kernels import paged_kv_append
+from mcore_models import MambaInferenceStateConfig, MambaStepLayout, mamba_state_config_of
 
 from .attention import StepAttention, attend_step, decode_backend
 from .block_allocator import BlockAllocator
 from .block_table import BlockTables
 from .errors import MaxSequenceLengthOverflowError
+from .mamba_states import MambaStateSlots
 from .pipeline import agree_block_count, block_count_group, model_groups
 
 if TYPE_CHECKING:
@@ -37,6 +39,14 @@ class DynamicInferenceContext:
     every rank of ``block_count_group`` (all-reduce MIN; e.g. the pipeline or model-parallel group).
     A step holds at most ``max_requests`` requests and ``max_tokens`` tokens; a sequence at most
     ``max_sequence_length`` tokens (and never more than the cache).
+
+    ``mamba_state`` (a hybrid model's ``MambaInferenceStateConfig``) adds a conv and an SSM state
+    slot per request for its Mamba layers (``mamba_slots``, ``mamba_states``; implements
+    ``mcore_models.MambaInferenceContext``): ``max_requests`` slots, taken out of
+    ``kv_cache_memory`` before the blocks, which then hold keys and values of its attention layers
+    only (of one layer if it has none). Prefix caching is then off whatever
+    ``enable_prefix_caching`` says (as vLLM turns it off for hybrid models): a cached block holds
+    keys and values, not the Mamba state after its tokens.
     """
 
     def __init__(
@@ -55,6 +65,7 @@ class DynamicInferenceContext:
         first_layer_number: int = 1,
         enable_prefix_caching: bool = True,
         block_count_group: dist.ProcessGroup | None = None,
+        mamba_state: MambaInferenceStateConfig | None = None,
     ):
         for name, value in (
             ("block_size", block_size),
@@ -73,10 +84,22 @@ class DynamicInferenceContext:
         self.max_tokens = max_tokens
         self.first_layer_number = first_layer_number
         element = torch.empty((), dtype=dtype).element_size()
-        self.bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * element
-        num_blocks = self._budget_bytes(kv_cache_memory) // self.bytes_per_block
+        attention = (
+            mamba_state.layers_of_type("attention")
+            if mamba_state is not None
+            else range(first_layer_number, first_layer_number + num_layers)
+        )
+        self._cache_layer = {number: i for i, number in enumerate(attention)}  # layer -> cache index
+        self.num_cache_layers = max(len(attention), 1)
+        self.bytes_per_block = 2 * self.num_cache_layers * block_size * num_kv_heads * head_dim * element
+        self.mamba_slots = (
+            MambaStateSlots(mamba_state, max_requests, self.device) if mamba_state is not None else None
+        )
+        num_blocks = self._block_budget_bytes(kv_cache_memory) // self.bytes_per_block
         num_blocks = agree_block_count(num_blocks, block_count_group)
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+        self.allocator = BlockAllocator(
+            num_blocks, block_size, enable_prefix_caching=enable_prefix_caching and mamba_state is None
+        )
         capacity = num_blocks * block_size
         self.max_sequence_length = (
             capacity if max_sequence_length is None else min(max_sequence_length, capacity)
@@ -88,6 +111,9 @@ class DynamicInferenceContext:
         self.logits_indices: torch.Tensor | None = None
         self.token_slots = torch.empty(0, dtype=torch.long)
         self.step_attention = StepAttention()
+        self.mamba_layout = MambaStepLayout(
+            torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        )
         self.allocate()
 
     @classmethod
@@ -95,7 +121,8 @@ class DynamicInferenceContext:
         cls, model: InferenceModel, *, pg_collection: ProcessGroupCollection | None = None, **kwargs
     ) -> DynamicInferenceContext:
         """A context shaped for ``model`` (an ``mcore_models.InferenceModel``: this rank's stage
-        and heads, from its ``kv_cache_spec``, and its ``max_sequence_length``).
+        and heads, from its ``kv_cache_spec``, its ``max_sequence_length``, and its Mamba state
+        from ``mamba_state_config_of``).
 
         The block count is agreed over the model-parallel ranks (tensor x pipeline) of the groups
         ``model`` was built with: ``pg_collection``, else the global ones if ``model`` uses them."""
@@ -109,8 +136,19 @@ class DynamicInferenceContext:
             "device": spec.device,
             "max_sequence_length": model.max_sequence_length,
             "block_count_group": block_count_group(model, model_groups(model, pg_collection)),
+            "mamba_state": mamba_state_config_of(model),
         }
         return cls(**(defaults | kwargs))
+
+    def _block_budget_bytes(self, kv_cache_memory: int | float) -> int:
+        """The bytes of ``kv_cache_memory`` left for blocks after the Mamba states."""
+        budget, states = self._budget_bytes(kv_cache_memory), self._mamba_bytes
+        if states and budget <= states:
+            raise ValueError(
+                f"kv_cache_memory ({budget} bytes) must exceed the {states} bytes of Mamba states "
+                f"({self.max_requests} max_requests slots)"
+            )
+        return budget - states
 
     def _budget_bytes(self, kv_cache_memory: int | float) -> int:
         if isinstance(kv_cache_memory, bool) or kv_cache_memory <= 0:
@@ -130,8 +168,12 @@ class DynamicInferenceContext:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes the cache blocks take while allocated (the padding slot aside)."""
-        return self.num_blocks * self.bytes_per_block
+        """Bytes the cache blocks (the padding slot aside) and Mamba states take while allocated."""
+        return self.num_blocks * self.bytes_per_block + self._mamba_bytes
+
+    @property
+    def _mamba_bytes(self) -> int:
+        return self.mamba_slots.memory_bytes if self.mamba_slots is not None else 0
 
     @property
     def is_allocated(self) -> bool:
@@ -147,7 +189,7 @@ class DynamicInferenceContext:
         """Create the (zeroed) cache tensors, blocks plus the padding slot, and forget every block
         assignment."""
         self.kv_cache = torch.zeros(
-            self.num_layers,
+            self.num_cache_layers,
             2,
             self.padding_slot + 1,
             self.num_kv_heads,
@@ -157,6 +199,8 @@ class DynamicInferenceContext:
         )
         self.allocator.reset()
         self.block_tables.reset()
+        if self.mamba_slots is not None:
+            self.mamba_slots.allocate()
 
     def deallocate(self) -> int:
         """Free the cache tensors and every block assignment; return the bytes freed."""
@@ -164,8 +208,16 @@ class DynamicInferenceContext:
         self.kv_cache = None
         self.allocator.reset()
         self.block_tables.reset()
+        if self.mamba_slots is not None:
+            self.mamba_slots.deallocate()
         self.step_attention = StepAttention()
         return freed
+
+    def drop_request(self, request_id: int) -> None:
+        """Forget ``request_id``'s block-table row and Mamba state slot (no-op for those it lacks)."""
+        self.block_tables.drop(request_id)
+        if self.mamba_slots is not None:
+            self.mamba_slots.drop(request_id)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that ``num_tokens`` tokens occupy."""
@@ -191,7 +243,7 @@ class DynamicInferenceContext:
     ) -> torch.Tensor:
         """Write this step's ``key, value [t, g, d]`` into the cache of ``layer_number`` and attend
         each request's queries ``[t, n, d]`` over its cached keys (see ``attend_step``); ``[t, n * d]``."""
-        layer_cache = self.kv_cache[layer_number - self.first_layer_number]
+        layer_cache = self.kv_cache[self._cache_layer[layer_number]]
         key_cache, value_cache = layer_cache[0], layer_cache[1]
         if decode_backend(query) == "triton":
             paged_kv_append(key_cache, value_cache, key, value, self.token_slots)
@@ -210,3 +262,10 @@ class DynamicInferenceContext:
             window_size=window_size,
             sink_logits=sink_logits,
         )
+
+    def mamba_states(self, layer_number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv and SSM state slots ``[max_requests, ...]`` of Mamba layer ``layer_number``;
+        ``mamba_layout`` says which rows of the step continue which slot."""
+        if self.mamba_slots is None:
+            raise ValueError("this context keeps no Mamba states: it was built without mamba_state")
+        return self.mamba_slots.states(layer_number)

@@ -119,11 +119,14 @@ def graph_runner_for(
 ) -> DecodeGraphRunner | None:
     """The engine's runner for its ``cuda_graphs`` argument: ``None`` for ``False``; for ``True``
     the buckets of ``build_batch_buckets``; on a CPU model the padded steps run eagerly, with a
-    warning. Pipeline stages (``pipeline`` not ``None``) are refused."""
+    warning. Pipeline stages (``pipeline`` not ``None``) and Mamba layers (a context with
+    ``mamba_slots``) are refused."""
     if cuda_graphs is False:
         return None
     if pipeline is not None:
         raise NotImplementedError("cuda_graphs with pipeline stages is not supported; run the stages eagerly")
+    if context.mamba_slots is not None:
+        raise NotImplementedError("cuda_graphs with Mamba layers is not supported; run the model eagerly")
     if cuda_graphs is True:
         cuda_graphs = build_batch_buckets(min(context.max_requests, context.max_tokens), context.max_tokens)
     capture = context.device.type == "cuda"

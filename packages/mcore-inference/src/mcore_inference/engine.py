@@ -71,6 +71,11 @@ class DynamicInferenceEngine:
     them. ``context`` defaults to ``DynamicInferenceContext.from_model(model, pg_collection=...,
     **context_kwargs)``.
 
+    A hybrid model (one with ``mamba_state_config``, see ``mamba_state_config_of``) also gets a
+    Mamba state slot per request in the context, restarted whenever the request is recomputed from
+    its first token; prefix caching is then off and ``cuda_graphs`` refused (see
+    ``DynamicInferenceContext``).
+
     Requests stop at an end-of-sequence id unless their ``SamplingParams.ignore_eos``: the ids
     are ``eos_token_id`` (one id or a list; ``[]`` for none), else the model's ``eos_token_ids``,
     else the tokenizer's ``eod_id``, else none. An id outside the vocabulary is a ``ValueError``.

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 from mcore_api import internal_api
-from mcore_models import InferenceModel
+from mcore_models import InferenceModel, MambaStepLayout
 
 from .attention import DecodeBatch, PrefillChunk, StepAttention
 from .context import DynamicInferenceContext
@@ -165,9 +165,30 @@ class ModelRunner:
                     PrefillChunk(slice(offset, offset + chunk.length), chunk.start, chunk.end, blocks, size)
                 )
         context.step_attention = step
+        if context.mamba_slots is not None:
+            context.mamba_layout = self._mamba_layout(chunks, offsets)
         context.token_slots = slots.to(device)
         context.logits_indices = torch.tensor(logits_rows, dtype=torch.long, device=device)
         return ids.view(1, total).to(device), positions.view(1, total).to(device), logits_slices
+
+    def _mamba_layout(self, chunks: Sequence[ScheduledChunk], offsets: Sequence[int]) -> MambaStepLayout:
+        """Each chunk's Mamba state slot (zeroed for a chunk from the first token): one-token
+        chunks batched as decode rows, longer ones as prefill segments."""
+        slots = [
+            self.context.mamba_slots.take(chunk.request.request_id, fresh=chunk.start == 0)
+            for chunk in chunks
+        ]
+        decodes = [i for i, chunk in enumerate(chunks) if chunk.length == 1]
+        device = self.context.device
+        return MambaStepLayout(
+            torch.tensor([offsets[i] for i in decodes], dtype=torch.long, device=device),
+            torch.tensor([slots[i] for i in decodes], dtype=torch.long, device=device),
+            tuple(
+                (slice(offset, offset + chunk.length), slot)
+                for chunk, offset, slot in zip(chunks, offsets, slots, strict=True)
+                if chunk.length > 1
+            ),
+        )
 
     def prepare_padded_decode(
         self, chunks: Sequence[ScheduledChunk], buffers: DecodeBuffers, rows: int, key_blocks: int

@@ -134,7 +134,7 @@ class Scheduler:
     def release(self, request: Request) -> None:
         """Drop ``request``'s cache blocks; its computed tokens must be recomputed."""
         self.allocator.release(request.block_ids)
-        self.context.block_tables.drop(request.request_id)
+        self.context.drop_request(request.request_id)
         request.block_ids, request.block_hashes = [], []
         request.num_computed_tokens = 0
 

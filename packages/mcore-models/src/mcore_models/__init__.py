@@ -37,8 +37,19 @@ from mcore_models.transformer.context_parallel import (
     split_sequence,
 )
 from mcore_models.transformer.core_attention import DotProductAttention
-from mcore_models.transformer.inference_context import InferenceContext
-from mcore_models.transformer.inference_model import InferenceModel, KVCacheSpec, missing_inference_members
+from mcore_models.transformer.inference_context import (
+    InferenceContext,
+    MambaInferenceContext,
+    MambaStepLayout,
+)
+from mcore_models.transformer.inference_model import (
+    OPTIONAL_INFERENCE_MEMBERS,
+    InferenceModel,
+    KVCacheSpec,
+    MambaInferenceStateConfig,
+    mamba_state_config_of,
+    missing_inference_members,
+)
 from mcore_models.transformer.layer import TransformerLayer, TransformerLayerSubmodules
 from mcore_models.transformer.mlp import MLP, MLPSubmodules
 from mcore_models.transformer.packed_seq import PackedSeqParams
@@ -52,6 +63,7 @@ __version__ = _version("mcore-models")
 __all__ = [
     "HF_MAPPINGS",
     "MLP",
+    "OPTIONAL_INFERENCE_MEMBERS",
     "CheckpointConfigMissingError",
     "CheckpointFormatError",
     "CheckpointSchemaError",
@@ -65,6 +77,9 @@ __all__ = [
     "KVCacheSpec",
     "LanguageModelEmbedding",
     "MLPSubmodules",
+    "MambaInferenceContext",
+    "MambaInferenceStateConfig",
+    "MambaStepLayout",
     "ModuleSpec",
     "PackedSeqParams",
     "RotaryEmbedding",
@@ -88,6 +103,7 @@ __all__ = [
     "hf_to_transformer_config",
     "import_hf_checkpoint",
     "load_checkpoint_for_inference",
+    "mamba_state_config_of",
     "missing_inference_members",
     "restore_sequence_order",
     "split_batch",

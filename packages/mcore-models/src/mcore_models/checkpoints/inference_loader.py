@@ -18,6 +18,9 @@ from mcore_parallel import ConfigError, ProcessGroupCollection, checkpoint_dir, 
 from ..config.transformer_config import TransformerConfig
 from ..data.tokenizer import Tokenizer
 from ..models.gpt.model import GPTModel
+from ..models.hybrid.layer_pattern import HybridLayerPattern
+from ..models.hybrid.model import HybridModel
+from ..ssm.mamba_config import MambaConfig
 from .errors import CheckpointFormatError, TokenizerMissingError
 from .metadata import MODEL_CONFIG_FILE, TOKENIZER_FILE, read_model_config, read_tokenizer
 
@@ -64,7 +67,8 @@ def load_checkpoint_for_inference(
     this on every rank of that group), else a one-process world (gloo, no network), set up when no
     process group exists, holding the model whole. At TP > 1 a Hugging Face checkpoint gets the
     padded vocabulary and replicated KV heads of ``import_hf_checkpoint``; an mcore-train
-    checkpoint keeps its saved vocabulary rows, which the TP size must divide.
+    checkpoint keeps its saved vocabulary rows, which the TP size must divide. A hybrid run's
+    checkpoint gives a ``HybridModel`` (its pattern and Mamba sizes are saved with it).
 
     Raises:
         CheckpointFormatError: ``path`` is neither kind of checkpoint.
@@ -183,13 +187,8 @@ def load_mcore_train_model(
 
     config = _serving_config(fields, vocab_size, dtype, _tp_size(pg_collection))
     groups = _groups(pg_collection)  # after every check: no process group for a refused load
-    model = GPTModel(
-        config,
-        vocab_size,
-        pg_collection=groups,
-        eos_token_ids=(tokenizer.eod_id,),
-        pad_token_id=tokenizer.pad_id,
-    )
+    special_tokens = dict(eos_token_ids=(tokenizer.eod_id,), pad_token_id=tokenizer.pad_id)
+    model = _saved_model(fields, config, vocab_size, pg_collection=groups, **special_tokens)
     saved_keys = set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
     state, finish = inference_model_state_dict(model, saved_keys, groups.tp)
     missing = sorted(set(state) - saved_keys)
@@ -204,6 +203,19 @@ def load_mcore_train_model(
         dcp.load(state, checkpoint_id=directory, process_group=groups.tp)
     finish()
     return model
+
+
+def _saved_model(fields: dict[str, Any], config: TransformerConfig, vocab_size: int, **kwargs) -> GPTModel:
+    """The model class the saved ``fields`` describe: a ``HybridModel`` of their layer pattern
+    (its ``|`` dropped: the model is served whole) and Mamba fields, else a ``GPTModel``."""
+    pattern = fields.get("hybrid_layer_pattern")
+    if pattern is None:
+        return GPTModel(config, vocab_size, **kwargs)
+    mamba = MambaConfig(
+        **{f.name: fields[f.name] for f in dataclasses.fields(MambaConfig) if f.name in fields}
+    )
+    symbols = HybridLayerPattern.parse(pattern).symbols
+    return HybridModel(config, vocab_size, symbols, mamba, **kwargs)
 
 
 def _load_alone(state: dict[str, torch.Tensor], directory: Path) -> None:

@@ -3,9 +3,10 @@
 Each iteration directory holds (written by rank 0 into the checkpoint's staging directory, so they
 appear with the tensors or not at all):
 
-- ``model_config.json``: ``{"schema_version", "model": "GPTModel", "vocab_size",
-  "transformer_config": {field: value}}``, every ``TransformerConfig`` field as the run used it
-  (its parallel sizes included: a loader replaces them with its own);
+- ``model_config.json``: ``{"schema_version", "model": "GPTModel" or "HybridModel", "vocab_size",
+  "transformer_config": {field: value}}``, every field of the model config as the run used it
+  (its parallel sizes included: a loader replaces them with its own; a hybrid model's
+  ``hybrid_layer_pattern`` and Mamba fields too);
 - ``tokenizer.json`` (``Tokenizer.save``) and ``tokenizer_config.json``: ``{"schema_version",
   "eod_token", "pad_token"}``, the names of the tokenizer's end-of-document and pad tokens;
 - ``train_config.json``: ``{"schema_version", "configs": {section: {field: value}}}``, the
@@ -31,6 +32,7 @@ MODEL_CONFIG_FILE = "model_config.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 TRAIN_CONFIG_FILE = "train_config.json"
+_MODEL_CLASSES = ("GPTModel", "HybridModel")
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
@@ -46,7 +48,9 @@ def write_checkpoint_metadata(
     _write_json(
         directory / MODEL_CONFIG_FILE,
         {
-            "model": "GPTModel",
+            "model": "GPTModel"
+            if getattr(model_config, "hybrid_layer_pattern", None) is None
+            else "HybridModel",
             "vocab_size": vocab_size,
             "transformer_config": dataclasses.asdict(model_config),
         },
@@ -82,7 +86,8 @@ def has_model_config(directory: Path) -> bool:
 
 
 def read_model_config(directory: Path) -> tuple[dict[str, Any], int]:
-    """The saved ``TransformerConfig`` fields and the vocabulary size of the iteration ``directory``
+    """The saved model config fields (``TransformerConfig``'s; a hybrid model's pattern and Mamba
+    fields too) and the vocabulary size of the iteration ``directory``
     (or of ``directory`` itself where it is a ``model_config.json`` file).
 
     Raises:
@@ -99,8 +104,10 @@ def read_model_config(directory: Path) -> tuple[dict[str, Any], int]:
             "mcore-train --export-hf HF_DIR and load HF_DIR"
         )
     content = read_versioned_json(path)
-    if content.get("model") != "GPTModel":
-        raise CheckpointSchemaError(f"{path}: model {content.get('model')!r}, expected 'GPTModel'")
+    if content.get("model") not in _MODEL_CLASSES:
+        raise CheckpointSchemaError(
+            f"{path}: model {content.get('model')!r}, expected one of {_MODEL_CLASSES}"
+        )
     return content["transformer_config"], content["vocab_size"]
 
 

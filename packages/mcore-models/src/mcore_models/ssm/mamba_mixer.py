@@ -19,6 +19,7 @@ from mcore_api import experimental_api
 from mcore_parallel import ColumnParallelLinear, RowParallelLinear, sharded_parameter
 
 from ..config.transformer_config import TransformerConfig
+from ..transformer.inference_context import MambaStepLayout
 from ..transformer.init import init_method, output_init_method
 from .block_sharding import blockwise_init
 from .causal_conv1d_layer import CausalConv1dLayer
@@ -41,7 +42,8 @@ class MambaMixer(torch.nn.Module):
     (see ``block_sharding``).
 
     Decoding: ``prefill`` also returns the states after the sequence, ``step`` advances them by one
-    token, ``state_shapes`` gives their per-rank shapes. The conv state is kept in the activation
+    token, ``state_shapes`` gives their per-rank shapes; ``paged_forward`` runs an inference
+    engine's step of many requests, each continuing its own state slot. The conv state is kept in the activation
     dtype, the SSM state in float32.
 
     Raises:
@@ -122,19 +124,7 @@ class MambaMixer(torch.nn.Module):
         self._check_hidden(hidden_states, 3, "[s, b, h]")
         projected, _ = self.in_proj(hidden_states)
         z, xbc, dt = projected.transpose(0, 1).split(self._in_proj_split, dim=-1)  # batch first
-        xbc, conv_state = self.conv1d(xbc, conv_state)
-        x, B, C = xbc.split(self._conv_split, dim=-1)
-        y, ssm_state = ssd_chunked_scan(
-            x.unflatten(-1, (self.num_heads, self.head_dim)),
-            self._time_steps(dt),
-            -torch.exp(self.A_log.float()),
-            B.unflatten(-1, (self.num_groups, self.state_dim)),
-            C.unflatten(-1, (self.num_groups, self.state_dim)),
-            chunk_size=self.mamba.mamba_chunk_size,
-            D=self.D,
-            initial_state=ssm_state,
-            return_final_state=True,
-        )
+        y, conv_state, ssm_state = self._mix_sequence(xbc, dt, conv_state, ssm_state)
         y = self.norm(y.flatten(-2), z).transpose(0, 1)
         return self.out_proj(y)[0], conv_state, ssm_state
 
@@ -159,6 +149,78 @@ class MambaMixer(torch.nn.Module):
             token = hidden_states
         projected, _ = self.in_proj(token)
         z, xbc, dt = projected.split(self._in_proj_split, dim=-1)
+        y, conv_state, ssm_state = self._mix_token(xbc, dt, conv_state, ssm_state)
+        output = self.out_proj(self.norm(y.flatten(-2), z))[0]
+        return output.view(hidden_states.shape), conv_state, ssm_state
+
+    def paged_forward(
+        self,
+        hidden_states: torch.Tensor,
+        conv_states: torch.Tensor,
+        ssm_states: torch.Tensor,
+        layout: MambaStepLayout,
+    ) -> torch.Tensor:
+        """One inference-engine step over a flattened row ``[t, 1, h]`` of several requests'
+        tokens -> ``[t, 1, h]``. ``conv_states [slots, ...]`` and ``ssm_states [slots, ...]`` hold
+        one row per request of ``state_shapes(1)``; ``layout`` says which rows continue which
+        slot: its decode rows advance together by one token each, each prefill segment is scanned
+        from its slot's state. The slots are left holding the states after this step's tokens."""
+        if self.config.sequence_parallel:
+            raise ValueError("MambaMixer.paged_forward needs sequence_parallel off")
+        self._check_hidden(hidden_states, 3, "[t, 1, h]")
+        if hidden_states.shape[1] != 1:
+            raise ValueError(
+                f"hidden_states must be one flattened row [t, 1, h]; got {list(hidden_states.shape)}"
+            )
+        projected, _ = self.in_proj(hidden_states[:, 0])
+        z, xbc, dt = projected.split(self._in_proj_split, dim=-1)
+        y = xbc.new_empty(xbc.shape[0], self.num_heads, self.head_dim)
+        rows, slots = layout.decode_rows, layout.decode_slots
+        if rows.numel():
+            y[rows], conv, ssm = self._mix_token(xbc[rows], dt[rows], conv_states[slots], ssm_states[slots])
+            conv_states[slots], ssm_states[slots] = conv, ssm.to(ssm_states.dtype)
+        for rows, slot in layout.prefills:
+            state = slice(slot, slot + 1)
+            out, conv, ssm = self._mix_sequence(
+                xbc[None, rows], dt[None, rows], conv_states[state], ssm_states[state]
+            )
+            y[rows], conv_states[state], ssm_states[state] = out[0], conv, ssm.to(ssm_states.dtype)
+        return self.out_proj(self.norm(y.flatten(-2), z))[0].unsqueeze(1)
+
+    def state_shapes(self, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """This rank's ``(conv_state, ssm_state)`` shapes for ``batch`` sequences:
+        ``[batch, conv channels / tp, kernel - 1]`` and ``[batch, heads / tp, head_dim, state_dim]``."""
+        conv = (batch, sum(self._conv_split), self.mamba.mamba_conv_kernel - 1)
+        return conv, (batch, self.num_heads, self.head_dim, self.state_dim)
+
+    def _mix_sequence(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        conv_state: torch.Tensor | None,
+        ssm_state: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Conv and SSD scan of ``xbc [b, s, C]``, ``dt [b, s, heads]`` from the given states:
+        ``(y [b, s, heads, head_dim], conv_state, ssm_state)`` after the last token."""
+        xbc, conv_state = self.conv1d(xbc, conv_state)
+        x, B, C = xbc.split(self._conv_split, dim=-1)
+        y, ssm_state = ssd_chunked_scan(
+            x.unflatten(-1, (self.num_heads, self.head_dim)),
+            self._time_steps(dt),
+            -torch.exp(self.A_log.float()),
+            B.unflatten(-1, (self.num_groups, self.state_dim)),
+            C.unflatten(-1, (self.num_groups, self.state_dim)),
+            chunk_size=self.mamba.mamba_chunk_size,
+            D=self.D,
+            initial_state=ssm_state,
+            return_final_state=True,
+        )
+        return y, conv_state, ssm_state
+
+    def _mix_token(
+        self, xbc: torch.Tensor, dt: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_mix_sequence`` of one token per sequence, ``xbc [b, C]``, ``dt [b, heads]``."""
         xbc, conv_state = self.conv1d.step(conv_state, xbc)
         x, B, C = xbc.split(self._conv_split, dim=-1)
         y, ssm_state = ssd_decode_step(
@@ -170,14 +232,7 @@ class MambaMixer(torch.nn.Module):
             C.unflatten(-1, (self.num_groups, self.state_dim)),
             self.D,
         )
-        output = self.out_proj(self.norm(y.flatten(-2), z))[0]
-        return output.view(hidden_states.shape), conv_state, ssm_state
-
-    def state_shapes(self, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """This rank's ``(conv_state, ssm_state)`` shapes for ``batch`` sequences:
-        ``[batch, conv channels / tp, kernel - 1]`` and ``[batch, heads / tp, head_dim, state_dim]``."""
-        conv = (batch, sum(self._conv_split), self.mamba.mamba_conv_kernel - 1)
-        return conv, (batch, self.num_heads, self.head_dim, self.state_dim)
+        return y, conv_state, ssm_state
 
     def _time_steps(self, dt: torch.Tensor) -> torch.Tensor:
         """``softplus(dt + dt_bias)`` in float32, at least ``mamba_dt_clamp_min``."""

@@ -1,7 +1,9 @@
 """Training checkpoints: model and optimizer state named globally, so any TP/PP/DP layout (and
 either optimizer) can load what another saved, through mcore-parallel's ``DistributedCheckpointer``.
 
-Keys: ``model.<global parameter name>`` (MoE experts by their global index, see ``_global_names``,
+Keys: ``model.<global parameter name>`` (a tensor-parallel shard made of slices of several blocks
+of the global tensor, such as a gated fc1 or a Mamba projection, one key per block: see
+``_add_sharded``; MoE experts by their global index, see ``_global_names``,
 so any expert-parallel size loads them) and ``model.<global buffer name>`` of the persistent
 buffers (routers' expert biases, replicated), ``optimizer.<global parameter name>.<main|exp_avg|exp_avg_sq>``
 and ``optimizer.step``. Tensor-parallel shards are described with their global shape
@@ -46,20 +48,38 @@ def _partition_dim(param: torch.Tensor) -> int | None:
 
 
 def _add_sharded(
-    state: dict, key: str, tensor: torch.Tensor, param: torch.Tensor, tp_group: dist.ProcessGroup
+    state: dict, key: str, tensor: torch.Tensor, param: torch.Tensor, tp_group: dist.ProcessGroup | None
 ) -> None:
     """``state[key]``: ``tensor`` described as its TP shard of the global tensor.
 
-    A gated MLP's fc1 shard holds ``[its gate rows; its up rows]``, not a contiguous slice of the
-    global ``[gate; up]``, so the two halves are stored as ``key.gate`` and ``key.up``, each a
-    contiguous slice of its own global half."""
+    A shard made of slices of several blocks of the global tensor (see ``_shard_blocks``) is
+    stored as one entry per block, ``key.<block>``, each a contiguous slice of its global block."""
     dim = _partition_dim(param)
-    if dim is not None and getattr(param, "gated_halves", False):
-        gate, up = tensor.chunk(2, dim=dim)
-        state[f"{key}.gate"] = sharded_tensor(gate, tp_group, dim)
-        state[f"{key}.up"] = sharded_tensor(up, tp_group, dim)
-    else:
+    blocks = _shard_blocks(tensor, param, tp_group)
+    if blocks is None:
         state[key] = sharded_tensor(tensor, tp_group, dim)
+        return
+    for name, block in blocks.items():
+        state[f"{key}.{name}"] = sharded_tensor(block, tp_group, dim)
+
+
+def _shard_blocks(
+    tensor: torch.Tensor, param: torch.Tensor, tp_group: dist.ProcessGroup | None
+) -> dict[str, torch.Tensor] | None:
+    """The blocks of a TP shard that is not a contiguous slice of the global tensor, by name: a
+    gated MLP's fc1 shard ``[its gate rows; its up rows]`` as ``gate`` and ``up``; a Mamba
+    projection tagged ``partition_blocks`` (see ``ssm.blockwise_shard``) as ``block0``,
+    ``block1``, ...; ``None`` for any other tensor."""
+    if _partition_dim(param) is None:
+        return None
+    if getattr(param, "gated_halves", False):
+        gate, up = tensor.chunk(2, dim=param.partition_dim)
+        return {"gate": gate, "up": up}
+    if not hasattr(param, "partition_blocks"):
+        return None
+    tp = 1 if tp_group is None else dist.get_world_size(tp_group)
+    blocks = tensor.split([size // tp for size in param.partition_blocks], dim=0)
+    return {f"block{index}": block for index, block in enumerate(blocks)}
 
 
 def _global_names(model: TrainModel) -> list[tuple[str, torch.nn.Parameter, tuple | None]]:
@@ -145,16 +165,17 @@ def inference_model_state_dict(
     (``None``: unsharded), and its persistent buffers: views of its parameters (TP shards described
     by their global shape), so loading a checkpoint saved at any layout fills them.
 
-    A gated MLP's fc1 is read as its two halves where the checkpoint has them apart (saved without
-    ``--fsdp``), else whole: then, at TP > 1, into a full-size buffer whose shard ``finish()``
-    (to call after loading) copies into the parameter."""
+    A gated MLP's fc1 (a Mamba projection) is read as its two halves (its blocks) where the
+    checkpoint has them apart (saved without ``--fsdp``), else whole: then, at TP > 1, into a
+    full-size buffer whose shard ``finish()`` (to call after loading) copies into the parameter."""
     state: dict[str, torch.Tensor] = _persistent_buffers(model)
     whole: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its full tensor)
     tp = 1 if tp_group is None else dist.get_world_size(tp_group)
     tp_group = tp_group if tp > 1 else None  # plain tensors for a whole model
     for name, param in model.named_parameters():
         key = f"model.{name}"
-        if f"{key}.gate" in saved_keys or not getattr(param, "gated_halves", False):
+        blocks = _shard_blocks(param, param, tp_group)
+        if blocks is None or f"{key}.{next(iter(blocks))}" in saved_keys:
             _add_sharded(state, key, param.detach(), param, tp_group)
         elif tp == 1:
             state[key] = param.detach()

@@ -16,6 +16,7 @@ from pathlib import Path
 from mcore_parallel import ConfigError, add_dataclass_arguments, dataclass_from_args
 
 from ..checkpoints.errors import CheckpointFormatError
+from ..models.hybrid.layer_pattern import HybridLayerPattern
 from .batches import open_indexed_data
 from .config import TRAIN_CONFIG_CLASSES, TrainConfigs
 from .fsdp import check_fsdp_available
@@ -36,10 +37,10 @@ values): a narrower model trained for more iterations with a warm-up-stable-deca
 reaches a lower held-out loss in the same time on 2 CPU cores."""
 
 DESCRIPTION = (
-    "Train a GPT model. With no arguments: build the embedded Python-stdlib dataset (cached), train a "
-    "small Llama-style model on 2 local ranks, evaluate it against the unigram baseline and write "
-    "loss.png, report.json, sample.txt and a checkpoint to ./mcore-train-output/. Under torchrun it uses "
-    "the given ranks."
+    "Train a GPT model (a hybrid Mamba/attention/MLP/MoE model with --hybrid-layer-pattern). With no "
+    "arguments: build the embedded Python-stdlib dataset (cached), train a small Llama-style model on 2 "
+    "local ranks, evaluate it against the unigram baseline and write loss.png, report.json, sample.txt "
+    "and a checkpoint to ./mcore-train-output/. Under torchrun it uses the given ranks."
 )
 
 
@@ -54,7 +55,8 @@ def parse_train_args(
     defaults, except those of ``COMMAND_DEFAULTS``.
 
     With ``--load DIR`` whose latest checkpoint carries its run's configs, those are the defaults:
-    only the flags given explicitly differ from the saved run.
+    only the flags given explicitly differ from the saved run. With ``--hybrid-layer-pattern``,
+    ``--num-layers`` defaults to the pattern's number of layers.
 
     Raises:
         ConfigError: an invalid value or combination, naming the fields; a model-shape flag that
@@ -69,6 +71,8 @@ def parse_train_args(
     if resumed is not None:
         names = {f.name for c in TRAIN_CONFIG_CLASSES for f in dataclasses.fields(c) if f.init}
         apply_saved_defaults(namespace, resumed[1], explicit_fields(parser, argv, names))
+    if namespace.hybrid_layer_pattern is not None and not explicit_fields(parser, argv, {"num_layers"}):
+        namespace.num_layers = HybridLayerPattern.parse(namespace.hybrid_layer_pattern).num_layers
     if namespace.save is None:  # checkpoints go to the output directory unless told otherwise
         namespace.save = str(Path(namespace.output_dir) / "checkpoints")
     configs = TrainConfigs.from_instances(dataclass_from_args(c, namespace) for c in TRAIN_CONFIG_CLASSES)

@@ -23,11 +23,22 @@ from mcore_parallel import (
 )
 
 from ..config.transformer_config import TransformerConfig
+from ..models.hybrid.layer_pattern import HybridLayerPattern
+from ..ssm.mamba_config import MambaConfig
 
 
 @dataclass(kw_only=True)
-class TrainModelConfig(TransformerConfig):
-    """Model: a TransformerConfig whose defaults are a small Llama-style model that trains in minutes on a CPU."""
+class TrainModelConfig(MambaConfig, TransformerConfig):
+    """Model: a TransformerConfig whose defaults are a small Llama-style model that trains in minutes on a CPU.
+
+    With ``hybrid_layer_pattern`` the model is a ``HybridModel`` whose Mamba layers take the
+    ``MambaConfig`` fields (``mamba``); without it, those fields must keep their defaults."""
+
+    hybrid_layer_pattern: str | None = config_field(
+        None,
+        help="Train a hybrid model: one symbol per layer, M Mamba, * attention, - MLP, E MoE, with | "
+        "between pipeline stages (e.g. 'M*-E|M*-E'); num_layers defaults to its length.",
+    )
 
     num_layers: int = config_field(4, minimum=1, help="Number of transformer layers.")
     hidden_size: int = config_field(256, minimum=1, help="Width of the residual stream.")
@@ -49,6 +60,44 @@ class TrainModelConfig(TransformerConfig):
     hidden_dropout: float = config_field(
         0.0, minimum=0.0, help="Dropout on embeddings and on each residual branch."
     )
+
+    def __post_init__(self) -> None:
+        TransformerConfig.__post_init__(self)
+        MambaConfig.__post_init__(self)
+        pattern = self.hybrid_layer_pattern
+        pattern = None if pattern is None else HybridLayerPattern.parse(pattern)
+        mamba_layers = pattern is not None and "M" in pattern.symbols
+        changed = [f.name for f in dataclasses.fields(MambaConfig) if getattr(self, f.name) != f.default]
+        if changed and not mamba_layers:
+            raise ConfigError(
+                [*changed, "hybrid_layer_pattern"],
+                "Mamba options need Mamba layers ('M') in hybrid_layer_pattern",
+            )
+        if pattern is not None:
+            self._check_hybrid(pattern, mamba_layers)
+
+    def _check_hybrid(self, pattern: HybridLayerPattern, mamba_layers: bool) -> None:
+        pattern.check_model(self)
+        pattern.stage_layers(
+            self.pipeline_model_parallel_size * (self.virtual_pipeline_model_parallel_size or 1)
+        )
+        if self.context_parallel_size > 1:
+            raise ConfigError(
+                ["context_parallel_size", "hybrid_layer_pattern"],
+                "hybrid models do not support context parallelism yet",
+            )
+        tp = self.tensor_model_parallel_size
+        if mamba_layers and (self.heads(self.hidden_size) % tp or self.mamba_num_groups % tp):
+            raise ConfigError(
+                ["mamba_num_heads", "mamba_num_groups", "tensor_model_parallel_size"],
+                f"the Mamba heads ({self.heads(self.hidden_size)}) and groups ({self.mamba_num_groups}) must "
+                f"be divisible by the tensor-parallel size ({tp})",
+            )
+
+    @property
+    def mamba(self) -> MambaConfig:
+        """The ``MambaConfig`` fields of this config, as a ``MambaConfig``."""
+        return MambaConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MambaConfig)})
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """``--fsdp``: fully sharded data parallelism from the optional ``mcore-fsdp`` package.
 
 The ``GPTModel`` is sharded with ``mcore_fsdp.fully_shard`` over the data-parallel group, each
-``TransformerLayer`` a sharding unit (embedding and output layer form the root unit). Adam/AdamW
-runs on the FP32 main-parameter shards and clips with the model's ``clip_grad_norm_``; checkpoints
-are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
+``TransformerLayer`` (``HybridLayer``) a sharding unit (embedding and output layer form the root
+unit). Adam/AdamW runs on the FP32 main-parameter shards and clips with the model's
+``clip_grad_norm_``; checkpoints are the model's DTensor ``state_dict`` and ``optimizer_state_dict``, so they load at any number of
 ranks and any strategy. With pipeline parallelism each stage shards its own part, and checkpoints
 name its layers globally (see ``fsdp_pipeline``), so any pipeline size loads them. With tensor
 parallelism each rank shards its slices over the data-parallel group; the gradient norm counts each slice once and the parameters TP replicates once, and
@@ -32,13 +32,14 @@ from mcore_parallel import (
 )
 
 from ..models.gpt.model import GPTModel
+from ..models.hybrid.layer import HybridLayer
 from ..transformer.layer import TransformerLayer
 from .config import TrainConfigs, TrainModelConfig
 from .extras import import_extra
 from .fsdp_experts import ExpertCheckpointNames
 from .fsdp_pipeline import StageLayerNames
 from .fsdp_tensor_parallel import TensorParallelNames
-from .model_setup import TrainModel
+from .model_setup import TrainModel, build_model
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
@@ -130,7 +131,7 @@ def build_fsdp_train_model(
 
     pp, stage = dist.get_world_size(groups.pp), dist.get_rank(groups.pp)
     model_parallel_manual_seed(seed + 100 * stage, dist.get_rank(groups.tp))
-    model = GPTModel(
+    model = build_model(
         config, vocab_size, pre_process=stage == 0, post_process=stage == pp - 1, pg_collection=groups
     )
     dtype = config.params_dtype
@@ -153,7 +154,7 @@ def build_fsdp_train_model(
     fully_shard(
         model,
         mesh=mesh,
-        unit_classes=(TransformerLayer,),
+        unit_classes=(TransformerLayer, HybridLayer),
         strategy=strategy,
         precision=precision,
         offload_optimizer=offload_optimizer,
@@ -298,6 +299,6 @@ def fsdp_parameter_count(model: FSDPTrainModel, pp_group: dist.ProcessGroup) -> 
 def fsdp_full_model(model: TrainModel, config: TrainModelConfig, groups: ProcessGroupCollection) -> GPTModel:
     """An unsharded ``GPTModel`` holding the sharded model's gathered weights (collective)."""
     full = model.chunks[0].full_state_dict()
-    plain = GPTModel(config, model.chunks[0].vocab_size, pg_collection=groups)
+    plain = build_model(config, model.chunks[0].vocab_size, pg_collection=groups)
     plain.load_state_dict(full)
     return plain

@@ -2,9 +2,10 @@
 
 A dense model is written as Llama; an MoE model as the first of Mixtral, Qwen3-MoE and Qwen2-MoE
 whose layout it has (Mixtral: no biases; Qwen3-MoE: qk-norm; Qwen2-MoE: q/k/v biases and a gated
-shared expert). With expert (tensor) parallelism the ranks holding one copy of every expert take
-part (the expert-parallel and expert-tensor-parallel peers of data-parallel rank 0) and one of
-them writes.
+shared expert); a hybrid model as NemotronH (``export_nemotron_h``; what NemotronH cannot
+represent is refused before training, see ``check_hybrid_export``). With expert (tensor)
+parallelism the ranks holding one copy of every expert take part (the expert-parallel and
+expert-tensor-parallel peers of data-parallel rank 0) and one of them writes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from mcore_parallel import ConfigError, ProcessGroupCollection, get_group_device
 from ..config.transformer_config import TransformerConfig
 from ..hf.checkpoint import export_hf_checkpoint
 from ..hf.registry import mapping_for
+from ..models.hybrid.model import HybridModel
+from ..models.hybrid.nemotron_h_export import export_nemotron_h, nemotron_h_hf_config
 
 _DENSE_FAMILIES = ("llama",)
 _MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
@@ -27,6 +30,8 @@ def hf_model_type(config: TransformerConfig) -> str:
     Raises:
         ConfigError: no supported family holds the model; the message gives each family's reason.
     """
+    if getattr(config, "hybrid_layer_pattern", None) is not None:
+        return "nemotron_h"
     families = _DENSE_FAMILIES if config.num_moe_experts is None else _MOE_FAMILIES
     reasons = []
     for family in families:
@@ -37,6 +42,14 @@ def hf_model_type(config: TransformerConfig) -> str:
         else:
             return family
     raise ConfigError(["export_hf"], "no Hugging Face family holds this model (" + "; ".join(reasons) + ")")
+
+
+def check_hybrid_export(model) -> None:
+    """Refuse, before training, to ``--export-hf`` a hybrid model (this rank's first chunk
+    ``model``) that NemotronH cannot represent (``NotImplementedError``, see
+    ``nemotron_h_hf_config``); other models are checked by ``hf_model_type``."""
+    if isinstance(model, HybridModel):
+        nemotron_h_hf_config(model)
 
 
 def export_final_model(model, groups: ProcessGroupCollection, directory: str, tokenizer) -> None:
@@ -50,6 +63,8 @@ def export_final_model(model, groups: ProcessGroupCollection, directory: str, to
     for group in (groups.ep, groups.expert_tp):
         if group is not None and dist.get_world_size(group) > 1:
             dist.all_reduce(takes_part, op=dist.ReduceOp.MAX, group=group)
-    if takes_part.item():
+    if takes_part.item() and isinstance(model, HybridModel):
+        export_nemotron_h(model, directory)
+    elif takes_part.item():
         export_hf_checkpoint(model, directory, model_type=hf_model_type(model.config))
     dist.barrier()

@@ -37,7 +37,7 @@ from .fsdp import (
     check_fsdp_available,
     check_fsdp_layout,
 )
-from .hf_export import hf_model_type
+from .hf_export import check_hybrid_export, hf_model_type
 from .lr_schedule import LearningRateSchedule
 from .model_setup import TrainModel, build_train_model
 from .optimizer import build_optimizer
@@ -252,6 +252,8 @@ def build_trainer(context: RunContext, wandb_run: WandbWriter) -> Trainer:
     data = _open_data(context)
     with timers.startup_phase("model"):
         model, optimizer = _build_model_and_optimizer(context, data.tokenizer.vocab_size)
+    if configs.training.export_hf:
+        check_hybrid_export(model.chunks[0])
     distillation = None
     if configs.distillation.teacher_load is not None:
         with timers.startup_phase("teacher"):

@@ -1,4 +1,5 @@
-"""Building this rank's model: its pipeline chunks of a ``GPTModel``, wrapped for data parallelism.
+"""Building this rank's model: its pipeline chunks of a ``GPTModel`` (a ``HybridModel`` with
+``hybrid_layer_pattern``, see ``build_model``), wrapped for data parallelism.
 
 All chunks of a rank share one ``DistributedDataParallel`` (over a ``ModuleList``), so one optimizer
 and one checkpoint state cover them. Parameters are named globally for checkpoints by
@@ -24,6 +25,7 @@ from mcore_parallel import (
 )
 
 from ..models.gpt.model import GPTModel
+from ..models.hybrid.model import HybridModel
 from .config import TrainModelConfig
 
 _LAYER = re.compile(r"^(\d+)\.decoder\.layers\.(\d+)\.(.*)$")
@@ -69,6 +71,15 @@ class TrainModel:
 
 
 @experimental_api
+def build_model(config: TrainModelConfig, vocab_size: int, **kwargs) -> GPTModel:
+    """The model ``config`` describes: a ``HybridModel`` of its ``hybrid_layer_pattern`` and
+    ``mamba`` fields, else a ``GPTModel``; ``kwargs`` go to the model's constructor."""
+    if config.hybrid_layer_pattern is None:
+        return GPTModel(config, vocab_size, **kwargs)
+    return HybridModel(config, vocab_size, config.hybrid_layer_pattern, config.mamba, **kwargs)
+
+
+@experimental_api
 def build_train_model(
     config: TrainModelConfig,
     vocab_size: int,
@@ -91,7 +102,7 @@ def build_train_model(
     for chunk in range(count):
         model_parallel_manual_seed(seed + 100 * (chunk * pp + stage), tp_rank)
         chunks.append(
-            GPTModel(
+            build_model(
                 config,
                 vocab_size,
                 pre_process=stage == 0 and chunk == 0,

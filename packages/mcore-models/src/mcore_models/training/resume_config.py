@@ -4,8 +4,9 @@
 What a resume may change of the model config: the parallel layout and precision
 (``ModelParallelConfig``'s fields: checkpoints load at any layout), dropout, recomputation, the layer
 implementation, how context-parallel ranks and token dispatchers communicate, the router's loss
-coefficients and the initialisation (the weights come from the checkpoint). Every other
-``TransformerConfig`` field shapes the weights or the function they compute, and must match.
+coefficients, the initialisation (the weights come from the checkpoint) and where a hybrid layer
+pattern's ``|`` splits the pipeline stages. Every other field (``TransformerConfig``'s, the hybrid
+pattern and the Mamba sizes) shapes the weights or the function they compute, and must match.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mcore_parallel import ConfigError, ModelParallelConfig, checkpoint_dir, lat
 
 from ..checkpoints.metadata import has_model_config, read_model_config, read_train_configs
 from ..config.transformer_config import TransformerConfig
+from ..models.hybrid.layer_pattern import STAGE_SEPARATOR
 
 RESUME_MAY_CHANGE = frozenset(
     {f.name for f in dataclasses.fields(ModelParallelConfig)}
@@ -38,9 +40,14 @@ RESUME_MAY_CHANGE = frozenset(
         "moe_router_bias_update_rate",
         "init_method_std",
         "use_scaled_init_for_output",
+        "mamba_dt_min",
+        "mamba_dt_max",
+        "mamba_dt_init_floor",
+        "mamba_a_init_min",
+        "mamba_a_init_max",
     }
 )
-"""``TransformerConfig`` fields a resume may set differently from the checkpoint's."""
+"""Model config fields a resume may set differently from the checkpoint's."""
 
 
 def latest_checkpoint_directory(load_dir: str | Path) -> Path | None:
@@ -85,7 +92,9 @@ def check_model_matches_checkpoint(model: TransformerConfig, directory: Path) ->
     differing = sorted(
         name
         for name, value in saved.items()
-        if name not in RESUME_MAY_CHANGE and hasattr(model, name) and getattr(model, name) != value
+        if name not in RESUME_MAY_CHANGE
+        and hasattr(model, name)
+        and _differs(name, getattr(model, name), value)
     )
     if differing:
         details = ", ".join(
@@ -96,6 +105,14 @@ def check_model_matches_checkpoint(model: TransformerConfig, directory: Path) ->
             f"the checkpoint in {directory} holds a different model: {details}; leave these flags out to "
             "resume with the checkpoint's values, or start a new run without --load",
         )
+
+
+def _differs(name: str, value: Any, saved: Any) -> bool:
+    """Whether a model field differs from its saved value; a hybrid layer pattern's ``|`` (where
+    the pipeline stages split, a layout) is not compared."""
+    if name == "hybrid_layer_pattern" and value is not None and saved is not None:
+        return value.replace(STAGE_SEPARATOR, "") != saved.replace(STAGE_SEPARATOR, "")
+    return value != saved
 
 
 def check_vocabulary_matches_checkpoint(vocab_size: int, directory: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -40,4 +41,36 @@ class InferenceContext(Protocol):
         ``scale`` multiplies the scores, ``window_size`` limits how far back a query sees (``None``:
         no limit), ``sink_logits [n]`` (or ``None``) join each softmax denominator without a value.
         """
+        ...
+
+
+@dataclass(frozen=True)
+class MambaStepLayout:
+    """Which request's Mamba state each part of a step's flattened row continues.
+
+    ``decode_rows [d]`` are rows that each advance their own request by one token, reading and
+    writing the state slots ``decode_slots [d]``; ``prefills`` holds, per segment of several
+    tokens of one request, its rows (a ``slice`` of the row) and its slot. A request's slot holds
+    the state after its tokens computed so far (zeros before its first token).
+    """
+
+    decode_rows: torch.Tensor
+    decode_slots: torch.Tensor
+    prefills: tuple[tuple[slice, int], ...] = ()
+
+
+@runtime_checkable
+class MambaInferenceContext(InferenceContext, Protocol):
+    """An ``InferenceContext`` that also keeps per-request Mamba states: what the Mamba layers of
+    a hybrid model (``MambaInferenceStateConfig``) ask of an engine.
+
+    Each Mamba layer reads ``mamba_layout`` and the states of its ``layer_number`` and writes the
+    states after this step's tokens back into the same tensors, in place.
+    """
+
+    mamba_layout: MambaStepLayout
+
+    def mamba_states(self, layer_number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv ``[slots, *conv_state_shape]`` and SSM ``[slots, *ssm_state_shape]`` states of
+        Mamba layer ``layer_number`` (1-based, global), one row per slot."""
         ...

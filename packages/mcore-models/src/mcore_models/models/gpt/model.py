@@ -40,7 +40,8 @@ class GPTModel(torch.nn.Module):
     ``pg_collection.ep`` and ``pg_collection.expert_tp`` when they are set. ``pre_process`` (first pipeline stage) adds the embedding, ``post_process`` (last stage) the
     final norm and output layer; a stage without the embedding takes its input through
     ``set_input_tensor``. Layers of this stage are split evenly over the pipeline group of
-    ``pg_collection`` (or the global groups). ``forward`` returns logits
+    ``pg_collection`` (or the global groups), unless ``stage_layers`` gives this (virtual) stage's
+    global 0-based layer indices (stages may then differ in size). ``forward`` returns logits
     ``[b, s, padded_vocab_size / tp]`` (exactly the ``vocab_size`` ids when
     ``parallel_output=False``), per-token losses ``[b, s]`` when ``labels`` are given, or the
     hidden states ``[s, b, h]`` on a stage without ``post_process``.
@@ -74,6 +75,7 @@ class GPTModel(torch.nn.Module):
         bos_token_id: int | None = None,
         eos_token_ids: Sequence[int] = (),
         pad_token_id: int | None = None,
+        stage_layers: range | None = None,
     ):
         super().__init__()
         self.bos_token_id = token_id("bos_token_id", bos_token_id)
@@ -105,15 +107,17 @@ class GPTModel(torch.nn.Module):
         chunks = config.virtual_pipeline_model_parallel_size or 1
         if vp_stage is not None and not 0 <= vp_stage < chunks:
             raise ValueError(f"vp_stage must be in [0, {chunks}), got {vp_stage}")
-        if config.num_layers % (pp_size * chunks):
+        if stage_layers is None and config.num_layers % (pp_size * chunks):
             raise ValueError(
                 f"num_layers ({config.num_layers}) must divide over {pp_size} pipeline stages x "
                 f"{chunks} virtual stages"
             )
         if config.share_embeddings_and_output_weights and not (pre_process and post_process):
             raise NotImplementedError("tied embeddings across pipeline stages are not supported yet")
-        layers_per_stage = config.num_layers // (pp_size * chunks)
-        virtual_stage = (vp_stage or 0) * pp_size + pp_rank
+        if stage_layers is None:
+            per_stage = config.num_layers // (pp_size * chunks)
+            first = ((vp_stage or 0) * pp_size + pp_rank) * per_stage
+            stage_layers = range(first, first + per_stage)
 
         self.embedding = (
             LanguageModelEmbedding(config, self.padded_vocab_size, tp_group=self.tp_group)
@@ -133,8 +137,8 @@ class GPTModel(torch.nn.Module):
             ),
             tp_group=self.tp_group,
             cp_group=self.cp_group,
-            num_layers=layers_per_stage,
-            first_layer_number=virtual_stage * layers_per_stage + 1,
+            num_layers=len(stage_layers),
+            first_layer_number=stage_layers.start + 1,
             post_process=post_process,
         )
         self.output_layer = None

@@ -13,6 +13,7 @@ from ...config.transformer_config import TransformerConfig
 from ...transformer.inference_context import InferenceContext
 from ...transformer.layer import TransformerLayer
 from ...transformer.spec import build_module
+from .inference import mamba_inference_forward
 from .layer_pattern import HybridLayerPattern
 
 
@@ -86,22 +87,22 @@ class HybridLayer(torch.nn.Module):
         inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         """``[s, b, h]`` -> ``[s, b, h]``; the attention arguments go to an attention mixer only.
+        With ``inference_context`` (an engine step, see ``InferenceContext``) a Mamba mixer
+        continues each request's state in the context (``mamba_inference_forward``).
 
         Raises:
-            NotImplementedError: a Mamba layer is given packed sequences (``segment_ids``), an
-                ``attention_mask`` or an ``inference_context``; or a non-attention layer an
-                ``inference_context``.
+            NotImplementedError: a Mamba layer is given packed sequences (``segment_ids``) or an
+                ``attention_mask``.
+            TypeError: a Mamba layer is given an ``inference_context`` that keeps no Mamba states.
         """
         normed = self.norm(hidden_states)
         if self.layer_type == "attention":
             output = self.mixer(
                 normed, rotary, segment_ids, attention_mask, inference_context=inference_context
             )
+        elif self.layer_type == "mamba" and inference_context is not None:
+            output = mamba_inference_forward(self.mixer, normed, inference_context)
         else:
-            if inference_context is not None:
-                raise NotImplementedError(
-                    f"hybrid {self.layer_type} layers do not support inference_context yet"
-                )
             if self.layer_type == "mamba" and (segment_ids is not None or attention_mask is not None):
                 raise NotImplementedError(
                     "Mamba layers scan the whole sequence: packed sequences (restarting position_ids, "

@@ -90,6 +90,21 @@ class HybridLayerPattern:
         starts = [sum(sizes[:stage]) for stage in range(len(sizes))]
         return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
+    def check_model(self, config) -> None:
+        """Refuse a ``TransformerConfig`` the pattern cannot build: ``ConfigError`` when
+        ``num_layers`` differs from the pattern's layers, or the pattern has MoE layers (``E``)
+        but ``num_moe_experts`` is unset."""
+        if config.num_layers != self.num_layers:
+            raise ConfigError(
+                ["num_layers", _FIELD],
+                f"num_layers ({config.num_layers}) differs from the {self.num_layers} layers "
+                f"of the pattern {self.symbols!r}",
+            )
+        if "E" in self.symbols and config.num_moe_experts is None:
+            raise ConfigError(
+                ["num_moe_experts", _FIELD], "the pattern has MoE layers ('E'); set num_moe_experts"
+            )
+
 
 def _symbols_help() -> str:
     return ", ".join(f"{symbol!r} ({kind})" for symbol, kind in LAYER_SYMBOLS.items())

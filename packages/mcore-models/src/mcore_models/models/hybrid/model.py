@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 import torch.distributed as dist
 from mcore_api import experimental_api
-from mcore_parallel import ConfigError, ProcessGroupCollection
+from mcore_parallel import ProcessGroupCollection
 
 from ...config.transformer_config import TransformerConfig
 from ...ssm import MambaConfig
-from ...transformer.inference_context import InferenceContext
+from ...transformer.inference_model import MambaInferenceStateConfig
 from ...transformer.moe.expert_group import with_expert_parallel_group
-from ...transformer.packed_seq import PackedSeqParams
 from ...transformer.process_groups import resolve_process_groups
 from ...transformer.spec import ModuleSpec
 from ..gpt.model import GPTModel
+from .inference import mamba_state_config
 from .layer_pattern import HybridLayerPattern
 from .specs import get_hybrid_layer_spec
 
@@ -29,16 +28,15 @@ class HybridModel(GPTModel):
     tensor and pipeline parallelism and the ``forward`` contract for training are ``GPTModel``'s.
 
     ``layer_spec`` defaults to ``get_hybrid_layer_spec(config, pattern, mamba)``; ``mamba``
-    (default ``MambaConfig()``) configures only that default. Pipeline stages hold equal numbers
-    of consecutive layers (``pattern.stage_layers``); a pattern with ``|`` must place its splits
-    there. Not supported yet: context parallelism and ``inference_forward`` / ``inference_context``;
-    Mamba layers reject packed sequences and ``attention_mask``.
+    (default ``MambaConfig()``) configures only that default. Pipeline stages hold consecutive
+    layers (``pattern.stage_layers``): the pattern's ``|`` stages, which may differ in size, else
+    equal shares. ``inference_forward`` (of ``InferenceModel``) takes a ``MambaInferenceContext``,
+    which keeps each request's Mamba state (``mamba_state_config``). Not supported yet: context
+    parallelism; Mamba layers reject packed sequences and ``attention_mask``.
 
     Raises:
-        ConfigError: ``config.num_layers`` differs from the pattern's layer count, the pattern has
-            MoE layers but ``config.num_moe_experts`` is unset, or its ``|`` stages do not match
-            the pipeline (and virtual pipeline) stages.
-        NotImplementedError: uneven pipeline stages, or context parallelism.
+        ConfigError: see ``HybridLayerPattern.check_model``.
+        NotImplementedError: context parallelism.
         ValueError: ``mamba`` given together with ``layer_spec``.
     """
 
@@ -60,29 +58,15 @@ class HybridModel(GPTModel):
         pad_token_id: int | None = None,
     ):
         pattern = pattern if isinstance(pattern, HybridLayerPattern) else HybridLayerPattern.parse(pattern)
-        if config.num_layers != pattern.num_layers:
-            raise ConfigError(
-                ["num_layers", "hybrid_layer_pattern"],
-                f"config.num_layers ({config.num_layers}) differs from the {pattern.num_layers} layers "
-                f"of the pattern {pattern.symbols!r}",
-            )
-        if "E" in pattern.symbols and config.num_moe_experts is None:
-            raise ConfigError(
-                ["num_moe_experts", "hybrid_layer_pattern"],
-                "the pattern has MoE layers ('E'); set num_moe_experts",
-            )
+        pattern.check_model(config)
         if config.context_parallel_size > 1:
             raise NotImplementedError("hybrid models do not support context parallelism yet")
         if mamba is not None and layer_spec is not None:
             raise ValueError("give mamba or layer_spec, not both: mamba configures the default layer spec")
         groups = resolve_process_groups(pg_collection)
         pp_size = dist.get_world_size(groups.pp) if groups.pp is not None else 1
+        pp_rank = dist.get_rank(groups.pp) if groups.pp is not None else 0
         stages = pattern.stage_layers(pp_size * (config.virtual_pipeline_model_parallel_size or 1))
-        if len({len(stage) for stage in stages}) > 1:
-            raise NotImplementedError(
-                f"pipeline stages of unequal sizes {[len(s) for s in stages]} are not supported yet; "
-                "place the '|' splits every num_layers / stages layers"
-            )
         if layer_spec is None:
             layer_spec = get_hybrid_layer_spec(config, pattern, mamba)
         super().__init__(
@@ -97,23 +81,12 @@ class HybridModel(GPTModel):
             bos_token_id=bos_token_id,
             eos_token_ids=eos_token_ids,
             pad_token_id=pad_token_id,
+            stage_layers=stages[(vp_stage or 0) * pp_size + pp_rank],
         )
         self.pattern = pattern
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        packed_seq_params: PackedSeqParams | None = None,
-        inference_context: InferenceContext | None = None,
-    ) -> torch.Tensor:
-        """``GPTModel.forward`` for training and evaluation; ``inference_context`` is not supported yet."""
-        if inference_context is not None:
-            raise NotImplementedError("hybrid models do not support inference_context yet")
-        return super().forward(input_ids, position_ids, attention_mask, labels, packed_seq_params)
-
-    def inference_forward(self, *args, **kwargs) -> torch.Tensor:
-        """Not supported yet (Mamba layers have no decode state in the inference context)."""
-        raise NotImplementedError("hybrid models do not support inference_forward yet")
+    @property
+    def mamba_state_config(self) -> MambaInferenceStateConfig | None:
+        """The per-request Mamba state this stage's layers keep in an inference engine (``None``
+        without Mamba layers here); the optional member of ``InferenceModel``."""
+        return mamba_state_config(self.decoder.layers)
