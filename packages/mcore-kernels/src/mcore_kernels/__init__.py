@@ -6,7 +6,9 @@ quick-GeGLU, GPT-OSS's clamped SwiGLU, quick-GELU, squared ReLU), each optionall
 attention softmax with scale, causal mask, sliding window and sinks; MoE top-k routing (softmax or
 sigmoid scores, expert bias, renormalisation) per-expert counts padded to an alignment, and token permute/unpermute by a row map; the paged KV-cache append and attention over a paged
 KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use); each
-row's greedy token (``argmax_rows``, in the logits' own dtype); cross
+row's greedy token (``argmax_rows``, in the logits' own dtype); one decode token of Mamba-2's
+selective state space on a batch of cached state slots, in place (``mamba_state_update``, a C++
+CPU kernel); cross
 entropy, of given logits or fused with the output layer over chunks of tokens, optionally over a
 vocabulary split across ranks. Importing this package never imports Triton nor
 compiles anything."""
@@ -25,6 +27,7 @@ from mcore_kernels.argmax_rows import argmax_rows
 from mcore_kernels.cross_entropy_linear import linear_cross_entropy
 from mcore_kernels.cross_entropy_logits import cross_entropy
 from mcore_kernels.dispatch import KernelBackendError, select_backend, use_backend
+from mcore_kernels.mamba_state import mamba_state_update
 from mcore_kernels.moe_padding import moe_padded_counts
 from mcore_kernels.moe_permute import moe_permute, moe_unpermute
 from mcore_kernels.moe_routing import moe_topk_routing
@@ -53,6 +56,7 @@ __all__ = [
     "geglu",
     "layer_norm",
     "linear_cross_entropy",
+    "mamba_state_update",
     "moe_padded_counts",
     "moe_permute",
     "moe_topk_routing",

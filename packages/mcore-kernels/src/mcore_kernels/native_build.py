@@ -30,6 +30,7 @@ _SOURCES = (
     "rotary.cpp",
     "argmax_rows.cpp",
     "moe_rows.cpp",
+    "mamba_state_update.cpp",
 )
 _HEADERS = ("simd.h",)  # part of the build key: the sources include them
 _OPTIMIZATION = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp"]

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from mcore_api import experimental_api
+from mcore_kernels import mamba_state_update
 from mcore_parallel import ColumnParallelLinear, RowParallelLinear, sharded_parameter
 
 from ..config.transformer_config import TransformerConfig
@@ -177,8 +178,7 @@ class MambaMixer(torch.nn.Module):
         y = xbc.new_empty(xbc.shape[0], self.num_heads, self.head_dim)
         rows, slots = layout.decode_rows, layout.decode_slots
         if rows.numel():
-            y[rows], conv, ssm = self._mix_token(xbc[rows], dt[rows], conv_states[slots], ssm_states[slots])
-            conv_states[slots], ssm_states[slots] = conv, ssm.to(ssm_states.dtype)
+            y[rows] = self._mix_tokens_in_slots(xbc[rows], dt[rows], conv_states, ssm_states, slots)
         for rows, slot in layout.prefills:
             state = slice(slot, slot + 1)
             out, conv, ssm = self._mix_sequence(
@@ -203,13 +203,8 @@ class MambaMixer(torch.nn.Module):
         """Conv and SSD scan of ``xbc [b, s, C]``, ``dt [b, s, heads]`` from the given states:
         ``(y [b, s, heads, head_dim], conv_state, ssm_state)`` after the last token."""
         xbc, conv_state = self.conv1d(xbc, conv_state)
-        x, B, C = xbc.split(self._conv_split, dim=-1)
         y, ssm_state = ssd_chunked_scan(
-            x.unflatten(-1, (self.num_heads, self.head_dim)),
-            self._time_steps(dt),
-            -torch.exp(self.A_log.float()),
-            B.unflatten(-1, (self.num_groups, self.state_dim)),
-            C.unflatten(-1, (self.num_groups, self.state_dim)),
+            *self._ssm_inputs(xbc, dt),
             chunk_size=self.mamba.mamba_chunk_size,
             D=self.D,
             initial_state=ssm_state,
@@ -222,17 +217,34 @@ class MambaMixer(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_mix_sequence`` of one token per sequence, ``xbc [b, C]``, ``dt [b, heads]``."""
         xbc, conv_state = self.conv1d.step(conv_state, xbc)
+        y, ssm_state = ssd_decode_step(ssm_state, *self._ssm_inputs(xbc, dt), self.D)
+        return y, conv_state, ssm_state
+
+    def _mix_tokens_in_slots(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        conv_states: torch.Tensor,
+        ssm_states: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """``_mix_token`` of ``xbc [b, C]``, ``dt [b, heads]`` continuing the states in rows ``slots``
+        of the caches: the SSM states advance in place (``mamba_state_update``, no copy of them)."""
+        xbc, conv_states[slots] = self.conv1d.step(conv_states[slots], xbc)
+        return mamba_state_update(ssm_states, slots, *self._ssm_inputs(xbc, dt), self.D)
+
+    def _ssm_inputs(self, xbc: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(x, dt, A, B, C)`` of the SSD from the conv output ``xbc [..., C]`` and the raw time
+        steps ``dt [..., heads]``: ``x`` by heads, ``B`` and ``C`` by groups, ``dt`` through
+        ``_time_steps``, ``A = -exp(A_log)``."""
         x, B, C = xbc.split(self._conv_split, dim=-1)
-        y, ssm_state = ssd_decode_step(
-            ssm_state,
+        return (
             x.unflatten(-1, (self.num_heads, self.head_dim)),
             self._time_steps(dt),
             -torch.exp(self.A_log.float()),
             B.unflatten(-1, (self.num_groups, self.state_dim)),
             C.unflatten(-1, (self.num_groups, self.state_dim)),
-            self.D,
         )
-        return y, conv_state, ssm_state
 
     def _time_steps(self, dt: torch.Tensor) -> torch.Tensor:
         """``softplus(dt + dt_bias)`` in float32, at least ``mamba_dt_clamp_min``."""

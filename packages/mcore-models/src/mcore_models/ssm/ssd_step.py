@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from mcore_api import experimental_api
+from mcore_kernels import mamba_state_update
 
 from ._shapes import check_groups, compute_dtype, require_rank, require_shape
 
@@ -25,7 +26,8 @@ def ssd_decode_step(
     ``B``, ``C`` ``[batch, ngroups, dstate]``; ``D`` ``[nheads]`` optional skip.
 
     Returns ``(y, new_state)``: ``y`` ``[batch, nheads, headdim]`` in ``x``'s dtype and the new
-    state in ``state``'s dtype. Computes in float32, or float64 if an input is float64.
+    state in ``state``'s dtype. Computes in float32, or float64 if an input is float64
+    (mcore-kernels' ``mamba_state_update`` on a copy of ``state``).
     """
     require_rank("state", state, "[batch, nheads, headdim, dstate]")
     batch, nheads, headdim, dstate = state.shape
@@ -42,13 +44,7 @@ def ssd_decode_step(
         require_shape("D", D, (nheads,), "[nheads]", context)
 
     dtype = compute_dtype(state, x, dt, A, B, C, D)
-    heads_per_group = nheads // ngroups
-    B_per_head = B.to(dtype).repeat_interleave(heads_per_group, dim=1)  # [batch, nheads, dstate]
-    C_per_head = C.to(dtype).repeat_interleave(heads_per_group, dim=1)
-    x_f, dt_f = x.to(dtype), dt.to(dtype)
-    decay = torch.exp(dt_f * A.to(dtype))[..., None, None]
-    new_state = decay * state.to(dtype) + (dt_f[..., None] * x_f)[..., None] * B_per_head[:, :, None, :]
-    y = torch.einsum("bhpn,bhn->bhp", new_state, C_per_head)
-    if D is not None:
-        y = y + D.to(dtype)[:, None] * x_f
-    return y.to(x.dtype), new_state.to(state.dtype)
+    new_state = state.to(dtype, copy=True)  # the kernel's state cache: one slot per sequence
+    slots = torch.arange(batch, device=state.device)
+    y = mamba_state_update(new_state, slots, x, dt, A, B, C, D)
+    return y, new_state.to(state.dtype)
