@@ -1,5 +1,5 @@
 """The engine serving a hybrid (Mamba + attention + MLP + MoE) model: a transformers NemotronH
-(random weights, fp32, the tiny config of ``tests/mcore_models/hybrid``) imported with
+(random weights, fp32, ``mcore_testing.nemotron_h``'s tiny config) imported with
 ``import_nemotron_h``. Oracle: transformers' greedy ``generate``, token for token, under batching,
 chunked prefill mixed with decodes, preemption, suspend/resume, abort and tensor parallelism; each request's Mamba
 state lives in a slot of the context that it takes when laid out and frees when it leaves."""
@@ -8,31 +8,13 @@ import pytest
 import torch
 from mcore_inference import DynamicInferenceContext, DynamicInferenceEngine, RequestEventType, SamplingParams
 from mcore_models import MambaInferenceStateConfig, MambaStepLayout, mamba_state_config_of
+from mcore_testing.nemotron_h import TINY_NEMOTRON_H
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB, NEW_TOKENS = 64, 6
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=NEW_TOKENS)
-HF_CONFIG = dict(  # tests/mcore_models/hybrid/test_hybrid_model.py's, without an end-of-sequence id
-    vocab_size=VOCAB,
-    hidden_size=32,
-    hybrid_override_pattern="M*-EM",
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    intermediate_size=48,
-    mamba_num_heads=8,
-    mamba_head_dim=8,
-    n_groups=2,
-    ssm_state_size=16,
-    chunk_size=8,
-    time_step_min=0.05,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=16,
-    moe_shared_expert_intermediate_size=24,
-    eos_token_id=None,
-)
+HF_CONFIG = TINY_NEMOTRON_H | dict(vocab_size=VOCAB, hybrid_override_pattern="M*-EM", eos_token_id=None)
 # lengths 3 .. 19: one scan chunk or several, prompts cut into chunks by small token budgets
 PROMPTS = [
     torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 11, 19, 7)

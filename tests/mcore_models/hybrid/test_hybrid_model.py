@@ -20,30 +20,13 @@ from mcore_models.config.transformer_config import TransformerConfig
 from mcore_models.models.hybrid import HybridModel, import_nemotron_h, nemotron_h_configs
 from mcore_models.ssm import MambaConfig
 from mcore_parallel import ConfigError
+from mcore_testing.nemotron_h import TINY_NEMOTRON_H
 
 TOLERANCE = 1e-4
 VOCAB = 64
 PATTERN = "M*-EM"
 _TYPES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-HF_CONFIG = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    hybrid_override_pattern=PATTERN,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    intermediate_size=48,
-    mamba_num_heads=8,
-    mamba_head_dim=8,
-    n_groups=2,
-    ssm_state_size=16,
-    chunk_size=8,
-    time_step_min=0.05,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=16,
-    moe_shared_expert_intermediate_size=24,
-)
+HF_CONFIG = TINY_NEMOTRON_H | dict(vocab_size=VOCAB, hybrid_override_pattern=PATTERN)
 
 
 def _hf_model(**changes) -> transformers.NemotronHForCausalLM:

@@ -19,28 +19,14 @@ import transformers  # imported here so forked ranks inherit it
 from mcore_models.config.transformer_config import TransformerConfig
 from mcore_models.models.hybrid import HybridModel, export_nemotron_h, import_nemotron_h
 from mcore_models.ssm import MambaConfig
+from mcore_testing.nemotron_h import TINY_NEMOTRON_H
 from safetensors.torch import load_file
 
 TOLERANCE = 1e-5
 VOCAB = 61
-HF_CONFIG = dict(
+HF_CONFIG = TINY_NEMOTRON_H | dict(
     vocab_size=VOCAB,
-    hidden_size=32,
     layers_block_type=["mamba", "attention", "mlp", "moe", "mamba"],
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    intermediate_size=48,
-    mamba_num_heads=8,
-    mamba_head_dim=8,
-    n_groups=2,
-    ssm_state_size=16,
-    chunk_size=8,
-    time_step_min=0.05,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=16,
-    moe_shared_expert_intermediate_size=24,
     bos_token_id=3,
     eos_token_id=[4, 5],
     pad_token_id=6,
