@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from mcore_api import experimental_api
 
 from ._shapes import SSDDims, check_sequence_inputs, compute_dtype
+from .cuda_kernels import chunk_scan_kernel
 
 
 def segment_sum(log_decay: torch.Tensor) -> torch.Tensor:
@@ -59,12 +60,16 @@ def ssd_chunked_scan(
 
     Returns ``y`` ``[batch, seqlen, nheads, headdim]`` in ``x``'s dtype, and with
     ``return_final_state`` also the state after the last token, ``[batch, nheads, headdim, dstate]``
-    in the compute dtype.
+    in the compute dtype. On CUDA with ``mamba_ssm`` installed its Triton kernel computes it
+    (``cuda_kernels``).
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     dims = check_sequence_inputs(x, dt, A, B, C, D, initial_state)
     dtype = compute_dtype(x, dt, A, B, C, D, initial_state)
+    kernel = chunk_scan_kernel(x, dt, A, B, C, D, initial_state)
+    if kernel is not None:
+        return _run_kernel(kernel, x, dt, A, B, C, chunk_size, D, initial_state, return_final_state, dtype)
     seqlen = x.shape[1]
     pad = (-seqlen) % chunk_size
     nchunks = (seqlen + pad) // chunk_size
@@ -123,3 +128,16 @@ def _initial_grouped_state(
     if initial_state is None:
         return torch.zeros(shape, dtype=dtype, device=device)
     return initial_state.to(dtype).reshape(shape)
+
+
+def _run_kernel(kernel, x, dt, A, B, C, chunk_size, D, initial_state, return_final_state, dtype):
+    """``ssd_chunked_scan`` through ``mamba_ssm``'s kernel, results in ``ssd_chunked_scan``'s dtypes."""
+    contiguous = [t if t is None else t.contiguous() for t in (x, dt, A, B, C, D, initial_state)]
+    x, dt, A, B, C, D, initial_state = contiguous
+    result = kernel(
+        x, dt, A, B, C, chunk_size, D=D, initial_states=initial_state, return_final_states=return_final_state
+    )
+    if return_final_state:
+        y, final_state = result
+        return y.to(x.dtype), final_state.to(dtype)
+    return result.to(x.dtype)
