@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from mcore_api import experimental_api
 
 from ._shapes import compute_dtype
+from .cuda_kernels import conv_kernel
 
 ACTIVATIONS = ("silu", None)
 
@@ -34,17 +35,22 @@ def causal_conv1d(
     (zeros if omitted). Returns ``y`` ``[batch, seqlen, channels]`` in ``x``'s dtype (computed in
     float32 or wider), and with ``return_final_state`` the last ``kernel_width - 1`` inputs,
     ``[batch, channels, kernel_width - 1]`` in ``x``'s dtype, taken from ``initial_state`` (or zeros)
-    where the sequence is shorter than that.
+    where the sequence is shorter than that. On CUDA with ``causal_conv1d`` installed its kernel
+    computes it (``cuda_kernels``; the PyTorch path keeps a final state longer than the sequence).
     """
     if x.dim() != 3:
         raise ValueError(f"x must have 3 dimensions [batch, seqlen, channels]; got shape {list(x.shape)}")
     batch, _, channels = x.shape
     width = _check_conv_params(weight, bias, activation, channels, f"x of shape {list(x.shape)}")
     dtype = compute_dtype(x, weight, bias, initial_state)
+    if initial_state is not None:
+        _check_state("initial_state", initial_state, batch, channels, width)
+    kernel = conv_kernel(width, x, weight, bias, initial_state)
+    if kernel is not None and (x.shape[1] >= width - 1 or not return_final_state):
+        return _run_kernel(kernel, x, weight, bias, activation, initial_state, return_final_state)
     if initial_state is None:
         history = x.new_zeros(batch, channels, width - 1, dtype=dtype)
     else:
-        _check_state("initial_state", initial_state, batch, channels, width)
         history = initial_state.to(dtype)
     padded = torch.cat([history, x.transpose(1, 2).to(dtype)], dim=-1)  # [batch, channels, width-1+seqlen]
     bias_f = None if bias is None else bias.to(dtype)
@@ -54,6 +60,26 @@ def causal_conv1d(
         final_state = padded[..., padded.shape[-1] - (width - 1) :].to(x.dtype)
         return y, final_state
     return y
+
+
+def _run_kernel(kernel, x, weight, bias, activation, initial_state, return_final_state):
+    """``causal_conv1d`` through ``causal_conv1d``'s CUDA kernel (``cuda_kernels``): ``x`` and the
+    state handed over channel-last, the results in ``causal_conv1d``'s layouts and dtypes."""
+    channels_last = x.contiguous().transpose(1, 2)  # [b, channels, s], stride 1 along channels
+    if initial_state is not None:
+        initial_state = initial_state.to(x.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    result = kernel(
+        channels_last,
+        weight,
+        bias,
+        initial_states=initial_state,
+        return_final_states=return_final_state,
+        activation=activation,
+    )
+    if return_final_state:
+        y, final_state = result
+        return y.transpose(1, 2).to(x.dtype), final_state.to(x.dtype)
+    return result.transpose(1, 2).to(x.dtype)
 
 
 @experimental_api
