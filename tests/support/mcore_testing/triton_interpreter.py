@@ -24,7 +24,7 @@ INTERPRETED_SUFFIX = "under_the_interpreter"
 """Tests whose name ends so call ``interpreted_mismatches`` (the suite's naming rule)."""
 
 _SUPPORT = Path(__file__).parent.parent  # where mcore_testing lives, for the modules' imports
-_prefetch: dict = {}  # the background "process", its "results" folder, "files" (path: result index)
+_prefetch: dict = {}  # the runner's "pid", its "results" folder, "files" (path: result index)
 
 
 def interpreted_mismatches(test_file: str) -> list:
@@ -47,14 +47,15 @@ def defer_interpreted(items: list) -> None:
     items[:] = [item for item in items if item not in deferred] + deferred
     files = list(dict.fromkeys(str(Path(item.path).resolve()) for item in deferred))
     results = tempfile.mkdtemp(prefix="mcore-triton-interpreter-")
-    process = subprocess.Popen(
+    launcher = subprocess.Popen(
         [sys.executable, __file__, results, *files],
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(_SUPPORT), os.environ.get("PYTHONPATH", "")])),
         preexec_fn=lambda: os.nice(19),
-        start_new_session=True,
         stdout=subprocess.DEVNULL,
     )
-    _prefetch.update(process=process, results=Path(results), files={file: i for i, file in enumerate(files)})
+    launcher.wait()  # it forks the runner off and exits: the runner is no child of this process
+    pid = int((Path(results) / "pid").read_text())
+    _prefetch.update(pid=pid, results=Path(results), files={file: i for i, file in enumerate(files)})
     atexit.register(_stop_prefetch)
 
 
@@ -66,7 +67,7 @@ def _prefetched(path: Path) -> dict | None:
         return None
     result = _prefetch["results"] / f"{index}.json"
     while not result.exists():
-        if _prefetch["process"].poll() is not None and not result.exists():
+        if not _alive(_prefetch["pid"]) and not result.exists():
             return None
         time.sleep(0.2)
     return json.loads(result.read_text())
@@ -85,11 +86,20 @@ def _run(path: Path) -> dict:
     return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _stop_prefetch() -> None:
-    process = _prefetch["process"]
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    """Kill the runner and its interpreter run (its own session) and drop the results."""
+    try:
+        os.killpg(_prefetch["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     shutil.rmtree(_prefetch["results"], ignore_errors=True)
 
 
@@ -101,5 +111,16 @@ def _run_all(results: Path, files: list[str]) -> None:
         partial.rename(results / f"{index}.json")
 
 
+def _detach() -> None:
+    """Fork the runner off: the launcher writes its pid and exits, the runner leads a new session
+    (so no test that waits for its own children finds it, and one signal stops it all)."""
+    runner = os.fork()
+    if runner:
+        (Path(sys.argv[1]) / "pid").write_text(str(runner))
+        os._exit(0)
+    os.setsid()
+
+
 if __name__ == "__main__":
+    _detach()
     _run_all(Path(sys.argv[1]), sys.argv[2:])
