@@ -11,13 +11,17 @@ logits, and re-importing the export gives the first import's state dict. Options
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import shutil
 
 import pytest
 import torch
 import transformers  # imported here so forked ranks inherit it
+from mcore_models import load_checkpoint_for_inference
 from mcore_models.config.transformer_config import TransformerConfig
+from mcore_models.data import stdlib_documents, train_bpe_tokenizer
 from mcore_models.models.hybrid import HybridModel, export_mamba2, import_mamba2, mamba2_configs
 from mcore_models.ssm import MambaConfig
 from safetensors.torch import load_file
@@ -167,3 +171,31 @@ def test_inexpressible_models_fail_before_writing(
 
     run_distributed(body, 1, timeout=60)
     assert not target.exists()
+
+
+def _serve_and_run(directory, ids, dtype):
+    loaded = load_checkpoint_for_inference(directory, dtype=dtype)
+    with torch.no_grad():
+        logits = loaded.model(ids)
+    facts = (type(loaded.model).__name__, loaded.source, next(loaded.model.parameters()).dtype)
+    return logits.float(), facts, loaded.tokenizer.eod_id
+
+
+def test_a_mamba2_directory_loads_for_serving(reference, tmp_path, run_distributed):
+    """``load_checkpoint_for_inference`` (what ``mcore-serve`` loads with) takes a Hugging Face
+    Mamba2 directory as a ``HybridModel``, with its tokenizer's end-of-document token the model's."""
+    source, ids, expected = reference
+    directory = tmp_path / "served"
+    shutil.copytree(source, directory)
+    texts = [d.text for d in itertools.islice(stdlib_documents(), 3)]
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=300)  # a BPE vocabulary holds at least 262
+    tokenizer.save(directory / "tokenizer.json")
+    ((logits, facts, eod),) = run_distributed(
+        _serve_and_run, 1, directory, ids, torch.float32, init_process_group=False
+    )
+    assert facts == ("HybridModel", "huggingface", torch.float32) and eod == 4
+    assert (logits - expected).abs().max().item() <= TOLERANCE
+    ((logits, facts, _),) = run_distributed(
+        _serve_and_run, 1, directory, ids, torch.bfloat16, init_process_group=False
+    )
+    assert facts[2] == torch.bfloat16 and (logits - expected).abs().max().item() <= 0.1

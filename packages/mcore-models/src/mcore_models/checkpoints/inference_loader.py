@@ -59,7 +59,8 @@ def load_checkpoint_for_inference(
 ) -> InferenceCheckpoint:
     """Load a model for serving from ``path``: an mcore-train save directory (its latest
     checkpoint), one of its ``iter_NNNNNNN`` directories, or a Hugging Face model directory
-    (``config.json``, ``*.safetensors``, ``tokenizer.json``).
+    (``config.json``, ``*.safetensors``, ``tokenizer.json``; NemotronH, Mamba2 and Bamba directories
+    give a ``HybridModel``).
 
     The model is on the CPU, in eval mode, with parameters in ``dtype``; its logits cover exactly
     the vocabulary (gathered over the tensor-parallel ranks). Its process groups: ``pg_collection``,
@@ -230,10 +231,16 @@ def _load_alone(state: dict[str, torch.Tensor], directory: Path) -> None:
         dcp.load_state_dict(state, dcp.FileSystemReader(directory), no_dist=True)
 
 
+# Hugging Face model types of hybrid (Mamba) models -> their importer in models.hybrid.
+_HYBRID_IMPORTS = {"nemotron_h": "import_nemotron_h", "mamba2": "import_mamba2", "bamba": "import_bamba"}
+
+
 def _load_hf(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTModel, Tokenizer]:
     import tokenizers
 
     from ..hf.checkpoint import import_hf_checkpoint
+    from ..hf.io import read_hf_config
+    from ..models import hybrid as hybrid_models
 
     if not (directory / TOKENIZER_FILE).is_file():
         raise TokenizerMissingError(
@@ -241,7 +248,12 @@ def _load_hf(directory: Path, dtype: torch.dtype, pg_collection) -> tuple[GPTMod
             "(transformers: tokenizer.save_pretrained(directory))"
         )
     precision = dict(fp16=dtype == torch.float16, bf16=dtype == torch.bfloat16)
-    model = import_hf_checkpoint(directory, pg_collection=_groups(pg_collection), **precision)
+    hybrid = _HYBRID_IMPORTS.get(read_hf_config(directory).get("model_type"))
+    if hybrid is None:
+        model = import_hf_checkpoint(directory, pg_collection=_groups(pg_collection), **precision)
+    else:
+        importer = getattr(hybrid_models, hybrid)
+        model = importer(directory, pg_collection=_groups(pg_collection), **precision).to(dtype)
     backend = tokenizers.Tokenizer.from_file(str(directory / TOKENIZER_FILE))
     # the tokenizer's end-of-document and pad tokens are the model's (when it names them)
     eos = backend.id_to_token(model.eos_token_ids[0]) if model.eos_token_ids else None
