@@ -49,31 +49,44 @@ def _losses(run_distributed, configs, world_size):
     return torch.tensor([loss for _, loss in report["history"]["train"]]), report
 
 
-def test_layouts_and_resumes_train_as_one_process(run_distributed, tiny_configs, checkpoint_at, tmp_path):
-    export = tmp_path / "hf"
-    one = _hybrid(tiny_configs(tmp_path / "one", 4, save_interval=2, sample_tokens=4, export_hf=str(export)))
+def _one_process(run_distributed, tiny_configs, tmp_path, **options):
+    """The one-process reference run (saving at step 2) and its four losses."""
+    one = _hybrid(tiny_configs(tmp_path / "one", 4, save_interval=2, **options))
     expected, report = _losses(run_distributed, one, 1)
-    assert len(set(expected.tolist())) == 4 and report["sample"] is not None  # it trained and generates
-    for name, (world, layout) in {
-        "tp2": (2, dict(tp=2, save_interval=2)),
-        "dp2-distributed-optimizer": (2, dict(distributed_optimizer=True)),
-        "fsdp-dp2": (2, dict(fsdp=True, save_interval=2)),
-    }.items():
+    assert len(set(expected.tolist())) == 4  # it trained
+    return one, expected, report
+
+
+def _check_layouts(run_distributed, tiny_configs, checkpoint_at, tmp_path, expected, layouts, resumes):
+    """Each of ``layouts`` trains with ``expected`` losses; each of ``resumes`` continues the
+    checkpoint a named run saved at step 2 with them."""
+    for name, (world, layout) in layouts.items():
         losses, _ = _losses(run_distributed, _hybrid(tiny_configs(tmp_path / name, 4, **layout)), world)
         torch.testing.assert_close(losses, expected, **TOLERANCE, msg=name)
-
-    # pipeline stages draw other initial weights: PP continues the one-process checkpoint
-    resumes = {
-        "pp2-uneven": ("one", dict(pp=2), "M*-|E"),  # stages of 3 and 1 layers
-        "dp2-from-tp2": ("tp2", dict(), "M*-E"),
-        "fsdp-tp2-from-fsdp-dp2": ("fsdp-dp2", dict(tp=2, fsdp=True), "M*-E"),
-    }
     for name, (source, layout, pattern) in resumes.items():
         at_2 = checkpoint_at(tmp_path / source / "checkpoints", 2, tmp_path / f"{name}-at-2")
         configs = _hybrid(tiny_configs(tmp_path / name, 4, load=str(at_2), **layout), pattern)
         losses, report = _losses(run_distributed, configs, 2)
         assert report["resumed_from"] == 2, name
         torch.testing.assert_close(losses, expected, **TOLERANCE, msg=name)  # 1-2 from the history
+
+
+def test_layouts_and_resumes_train_as_one_process(run_distributed, tiny_configs, checkpoint_at, tmp_path):
+    export = tmp_path / "hf"
+    one, expected, report = _one_process(
+        run_distributed, tiny_configs, tmp_path, sample_tokens=4, export_hf=str(export)
+    )
+    assert report["sample"] is not None  # it generates
+    layouts = {
+        "tp2": (2, dict(tp=2, save_interval=2)),
+        "dp2-distributed-optimizer": (2, dict(distributed_optimizer=True)),
+    }
+    # pipeline stages draw other initial weights: PP continues the one-process checkpoint
+    resumes = {
+        "pp2-uneven": ("one", dict(pp=2), "M*-|E"),  # stages of 3 and 1 layers
+        "dp2-from-tp2": ("tp2", dict(), "M*-E"),
+    }
+    _check_layouts(run_distributed, tiny_configs, checkpoint_at, tmp_path, expected, layouts, resumes)
 
     # the checkpoint describes the model: a resume without flags, the serving loader, the export
     resumed = parse_train_args(["--load", str(tmp_path / "tp2" / "checkpoints")]).model
@@ -82,6 +95,14 @@ def test_layouts_and_resumes_train_as_one_process(run_distributed, tiny_configs,
         _served_and_exported_logits, 1, tmp_path / "one" / "checkpoints", export
     )[0]
     torch.testing.assert_close(exported, served, rtol=1e-5, atol=1e-5)
+
+
+def test_fsdp_trains_and_resumes_as_one_process(run_distributed, tiny_configs, checkpoint_at, tmp_path):
+    pytest.importorskip("mcore_fsdp", reason="mcore-fsdp (the fsdp extra) is not installed")
+    _, expected, _ = _one_process(run_distributed, tiny_configs, tmp_path)
+    layouts = {"fsdp-dp2": (2, dict(fsdp=True, save_interval=2))}
+    resumes = {"fsdp-tp2-from-fsdp-dp2": ("fsdp-dp2", dict(tp=2, fsdp=True), "M*-E")}
+    _check_layouts(run_distributed, tiny_configs, checkpoint_at, tmp_path, expected, layouts, resumes)
 
 
 def _served_and_exported_logits(checkpoints, export):
