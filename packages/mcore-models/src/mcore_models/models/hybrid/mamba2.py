@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from mcore_api import experimental_api
 from mcore_parallel import ProcessGroupCollection
 
 from ...config.transformer_config import TransformerConfig
-from ...hf.checkpoint import gather_export_state
-from ...hf.io import write_hf_checkpoint
 from ...hf.mapping import unsupported
-from ...hf.special_tokens import special_tokens_to_hf
 from ...ssm import MambaConfig
+from .hf_export import export_hybrid
 from .hf_import import import_hybrid
 from .layer_pattern import HybridLayerPattern
 from .model import HybridModel
@@ -179,12 +176,4 @@ def export_mamba2(model: HybridModel, directory: str | Path) -> None:
         NotImplementedError: ``model`` has what Mamba2 cannot represent (see
             ``mamba2_hf_config``); raised on every rank before anything is gathered or written.
     """
-    hf_config = mamba2_hf_config(model)
-    state, groups = gather_export_state(model)
-    weights = nemotron_h_weights(state, model.config, model.pattern)
-    if all(dist.get_rank(g) == 0 for g in groups):
-        special_tokens = special_tokens_to_hf(model)
-        hf_config["dtype"] = str(model.config.params_dtype).removeprefix("torch.")
-        write_hf_checkpoint(directory, hf_config | special_tokens, weights, special_tokens)
-    for group in groups:
-        dist.barrier(group=group)
+    export_hybrid(model, directory, mamba2_hf_config(model), nemotron_h_weights)

@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from mcore_api import experimental_api
 
 from ...config.transformer_config import TransformerConfig
-from ...hf.checkpoint import gather_export_state
-from ...hf.io import write_hf_checkpoint
 from ...hf.qkv import unpack_qkv
-from ...hf.special_tokens import special_tokens_to_hf
 from ...ssm import MambaConfig, MambaMixer
+from .hf_export import export_hybrid
 from .layer_pattern import HybridLayerPattern
 from .model import HybridModel
 
@@ -238,13 +235,4 @@ def export_nemotron_h(model: HybridModel, directory: str | Path) -> None:
         NotImplementedError: ``model`` has what NemotronH cannot represent (see
             ``nemotron_h_hf_config``); raised on every rank before anything is gathered or written.
     """
-    config = model.config
-    hf_config = nemotron_h_hf_config(model)
-    state, groups = gather_export_state(model)
-    weights = nemotron_h_weights(state, config, model.pattern)
-    if all(dist.get_rank(g) == 0 for g in groups):
-        special_tokens = special_tokens_to_hf(model)
-        hf_config["dtype"] = str(config.params_dtype).removeprefix("torch.")
-        write_hf_checkpoint(directory, hf_config | special_tokens, weights, special_tokens)
-    for group in groups:
-        dist.barrier(group=group)
+    export_hybrid(model, directory, nemotron_h_hf_config(model), nemotron_h_weights)
