@@ -322,13 +322,17 @@ def test_one_partial_reply_of_an_engine_reaches_each_client_with_its_own_streams
 
     async def body():
         clients = [InferenceClient(coordinator.address, timeout=TIMEOUT) for _ in range(2)]
-        streams = [client.stream([1, 2], SamplingParams(temperature=0, logprobs=True)) for client in clients]
+        prompts = ([1, 2], [3, 4])
+        sampling = SamplingParams(temperature=0, logprobs=True)
+        streams = [client.stream(prompt, sampling) for client, prompt in zip(clients, prompts, strict=True)]
         first = [asyncio.ensure_future(take(stream, 2)) for stream in streams]
-        ids = []
+        # the two submissions may reach the engine in either order: find each client's by its prompt
+        id_of_prompt = {}
         for _ in clients:
             kind, fields = await asyncio.to_thread(receive, engine)
             assert kind is MessageKind.SUBMIT
-            ids.append(fields["request_id"])
+            id_of_prompt[tuple(fields["prompt_tokens"])] = fields["request_id"]
+        ids = [id_of_prompt[tuple(prompt)] for prompt in prompts]
         outputs = [
             {"request_id": ids[0], "new_token_ids": [7], "logprobs": [-0.5]},
             {"request_id": 999, "new_token_ids": [1]},
@@ -337,11 +341,11 @@ def test_one_partial_reply_of_an_engine_reaches_each_client_with_its_own_streams
         engine.send(encode(MessageKind.PARTIAL_REPLY, outputs=outputs))
         engine.send(encode(MessageKind.PARTIAL_REPLY, outputs=[{"request_id": ids[1], "new_token_ids": 5}]))
         assert (await asyncio.to_thread(receive, engine))[1]["code"] == "malformed"
-        for request_id, token in zip(ids, (9, 10), strict=True):
+        for request_id, first_token, token in zip(ids, (7, 8), (9, 10), strict=True):
             reply = {
                 "request_id": request_id,
                 "status": "completed",
-                "generated_tokens": [7 + request_id - ids[0], token],
+                "generated_tokens": [first_token, token],
             }
             engine.send(encode(MessageKind.REPLY, request_id=request_id, result=reply))
         chunks = [await task for task in first]
