@@ -33,7 +33,9 @@ kernel, built at first use) or ``reference`` (the PyTorch path). When it was the
 the engine runs the workload a second time with the PyTorch path
 (``mcore_torch_attention_tokens_per_s``), so both variants are measured in the same run. On the
 CPU the model's linear weights are packed (``mcore_parallel.set_cpu_weight_packing``, what
-``mcore-serve`` does by default), and the engine also runs once without
+``mcore-serve`` does by default, with its ``warm_up_rows`` building oneDNN's kernels for every
+step size before the timing, as vLLM's start-up does its own warm-up), and the engine also runs
+once without
 (``mcore_unpacked_weights_tokens_per_s``: ``F.linear`` reordering each bfloat16 weight on every
 call).
 
@@ -106,7 +108,8 @@ def run_mcore(
     pg_collection = ProcessGroupCollection(tp=dist.new_group([0]))
     model = (import_model or import_hf_checkpoint)(directory, pg_collection=pg_collection, **import_options)
     model.to(device=device, dtype=torch.bfloat16)
-    set_cpu_weight_packing(model, pack_cpu_weights)  # as mcore-serve does by default
+    # as mcore-serve does by default: oneDNN kernels for every step size built before the timing
+    set_cpu_weight_packing(model, pack_cpu_weights, warm_up_rows=ENGINE_LIMITS["max_tokens_per_step"])
     engine = DynamicInferenceEngine(
         model,
         kv_cache_memory=MCORE_KV_CACHE_BYTES,

@@ -11,6 +11,7 @@ from mcore_parallel import (
     cpu_weight_packing_available,
     set_cpu_weight_packing,
 )
+from mcore_parallel.tensor_parallel.packed_weight import padded_rows
 
 pytestmark = pytest.mark.skipif(
     not cpu_weight_packing_available(), reason="this CPU or torch build has no oneDNN bfloat16 matmul"
@@ -36,7 +37,8 @@ def _packed_values_equal_f_linear():
     torch.manual_seed(0)
     model, column, row = _layers()
     assert set_cpu_weight_packing(model, True) == 2
-    for shape in [(1, 40), (3, 5, 40), (0, 40), (37, 40)]:
+    # 65, 102 and 300 rows run padded (to 68, 104 and 304): the padding rows are dropped
+    for shape in [(1, 40), (3, 5, 40), (0, 40), (37, 40), (65, 40), (2, 51, 40), (300, 1, 40)]:
         x = torch.randn(shape, dtype=torch.bfloat16)
         for mode in (torch.no_grad, torch.inference_mode):
             with mode():
@@ -129,3 +131,33 @@ def test_compiled_calls_take_f_linear(run_distributed):
     """``torch.compile`` over packing layers traces ``F.linear`` (a packed copy made while tracing
     fails to lower: "weight must be a graph constant") and gives F.linear's values."""
     run_distributed(_compiled_calls_take_f_linear, 1)
+
+
+def test_padded_row_counts():
+    """Decode-sized calls run exact; above 64 rows, 16 sizes per doubling, under 1/16 more rows."""
+    assert [padded_rows(n) for n in (0, 1, 63, 64)] == [0, 1, 63, 64]
+    assert [padded_rows(n) for n in (65, 68, 69, 128, 129, 257, 493, 512, 513)] == [
+        68, 68, 72, 128, 136, 272, 496, 512, 544,
+    ]  # fmt: skip
+    sizes = [padded_rows(n) for n in range(1, 4097)]
+    assert all(n <= p < n * 17 / 16 for n, p in enumerate(sizes, 1))
+    assert sizes == sorted(sizes) and len(set(sizes)) == 64 + 6 * 16
+
+
+def _warm_up_packs_every_layer_and_keeps_the_values():
+    torch.manual_seed(0)
+    model, column, row = _layers()
+    assert set_cpu_weight_packing(model, True, warm_up_rows=100) == 2
+    assert column.packed_weight._packed is not None and row.packed_weight._packed is not None
+    x = torch.randn(70, 40, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        output, _ = row(column(x)[0])
+    assert torch.equal(output, _expected(column, row, x)[1])
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="warm_up_rows must be an int >= 0"):
+            set_cpu_weight_packing(model, True, warm_up_rows=bad)
+    assert set_cpu_weight_packing(model, False, warm_up_rows=100) == 0 and column.packed_weight is None
+
+
+def test_warm_up_packs_every_layer_and_keeps_the_values(run_distributed):
+    run_distributed(_warm_up_packs_every_layer_and_keeps_the_values, 1)

@@ -63,7 +63,8 @@ def _build_engine(model_dir: str, where: EngineRank, config: EngineProcessConfig
     loaded = load_checkpoint_for_inference(
         model_dir, dtype=getattr(torch, config.dtype), pg_collection=groups
     )
-    set_cpu_weight_packing(loaded.model, config.pack_cpu_weights)
+    # kernels for every step size built now, not during the first requests
+    set_cpu_weight_packing(loaded.model, config.pack_cpu_weights, warm_up_rows=config.max_batch_tokens)
     engine = DynamicInferenceEngine(
         loaded.model,
         tokenizer=loaded.tokenizer,

@@ -77,10 +77,14 @@ class ColumnParallelLinear(torch.nn.Module):
             x = gather_from_sequence_parallel_region(x, self.tp_group, tensor_parallel_output_grad=True)
         else:
             x = copy_to_tensor_model_parallel_region(x, self.tp_group)
-        output = linear(x, self.weight, None if self.skip_bias_add else self.bias, self.packed_weight)
+        output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
         if self.gather_output:
             output = gather_from_tensor_model_parallel_region(output, self.tp_group)
         return output, (self.bias if self.skip_bias_add else None)
+
+    def _matmul_bias(self) -> torch.Tensor | None:
+        """The bias the layer's matrix product adds (``None`` when it returns the bias apart)."""
+        return None if self.skip_bias_add else self.bias
 
     def extra_repr(self) -> str:
         return (
@@ -136,10 +140,14 @@ class RowParallelLinear(torch.nn.Module):
             self.bias = None
         self.packed_weight: PackedLinearWeight | None = None  # see ``set_cpu_weight_packing``
 
+    def _matmul_bias(self) -> None:
+        """The bias the layer's matrix product adds: none (it is added after the reduction)."""
+        return None
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.tp_group)
-        partial_output = linear(x, self.weight, None, self.packed_weight)
+        partial_output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
         if self.sequence_parallel:
             output = reduce_scatter_to_sequence_parallel_region(partial_output, self.tp_group)
         else:

@@ -14,11 +14,18 @@ again, which drops every copy. Calls that autograd records, other devices and dt
 whose changes cannot be tracked (inference-mode tensors) take ``F.linear`` unchanged, and so do
 calls that ``torch.compile`` traces (inductor cannot lower a packed copy that is not a graph
 constant; it packs linear weights itself when freezing).
+
+oneDNN builds a kernel for every new row count it sees (about a millisecond each, then kept in a
+cache of bounded size), and an engine's prefill steps have row counts anywhere up to its token
+limit. So above 64 rows (decode batches stay exact) the rows are padded with zeros up to one of
+16 sizes per doubling (``padded_rows``, under 1/16 more rows): each output row depends only on
+its own input row, the padding rows are dropped, and few kernels are built.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +35,21 @@ PACKED_DTYPES = (torch.bfloat16,)
 (float32 would gain too, but oneDNN's packed sgemm rounds differently from ``F.linear``'s.)"""
 
 _BATCH_SIZE_HINT = 32  # the row count oneDNN tunes its blocked layout for; decode batches are near it
+_EXACT_ROWS = 64  # row counts up to this one (decode batches) run unpadded
+_STEPS_PER_POWER_OF_TWO = 32  # a padded count is a multiple of this fraction of the power of two above it
+_WARM_UP_CALL_SECONDS = (
+    0.02  # a call this long is not worth warming up: its kernel's build is small beside it
+)
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a call of ``rows`` rows runs at: ``rows`` itself up to 64, else ``rows``
+    rounded up to a multiple of 1/32 of the power of two at or above it (65..128 -> multiples
+    of 4, 129..256 -> of 8, 257..512 -> of 16): 16 sizes per doubling, under 1/16 more rows."""
+    if rows <= _EXACT_ROWS:
+        return rows
+    step = (1 << (rows - 1).bit_length()) // _STEPS_PER_POWER_OF_TWO
+    return -(-rows // step) * step
 
 
 @functools.cache
@@ -70,7 +92,13 @@ class PackedLinearWeight:
             self._weight, self._key = weight, key
         if bias is not None and bias.dtype != x.dtype:
             return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        rows = x.reshape(-1, x.shape[-1])
+        count = rows.shape[0]
+        padded = padded_rows(count)
+        if padded != count:
+            rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
+        output = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
+        return output[:count].view(*x.shape[:-1], output.shape[-1])
 
 
 def linear(
@@ -82,19 +110,57 @@ def linear(
     return F.linear(x, weight, bias)
 
 
-def set_cpu_weight_packing(module: torch.nn.Module, enabled: bool) -> int:
+def set_cpu_weight_packing(module: torch.nn.Module, enabled: bool, *, warm_up_rows: int = 0) -> int:
     """Turn inference-only CPU weight packing on or off for every layer in ``module`` that supports
     it (``ColumnParallelLinear`` and ``RowParallelLinear``); returns how many layers now pack.
 
     Turning it on where ``cpu_weight_packing_available()`` is false packs nothing and returns 0.
-    Each call drops the copies made so far (they are rebuilt at the next forward).
-    Only forward calls that autograd does not record use the packed copy (see the module docstring),
-    so training through the same layers is unaffected.
+    Each call drops the copies made so far (they are rebuilt at the next forward, or now with
+    ``warm_up_rows``). Only forward calls that autograd does not record use the packed copy (see
+    the module docstring), so training through the same layers is unaffected.
+
+    ``warm_up_rows`` > 0 (an engine's token limit per step) packs every weight now and runs each
+    distinct weight shape once at every row count up to it (as ``padded_rows`` pads them), so
+    that oneDNN builds its kernels here rather than during the first requests (about a
+    millisecond each). A shape's larger row counts are skipped once one call takes over 20 ms:
+    there the build is small beside the product. Raises ``ValueError`` for a negative
+    ``warm_up_rows``.
     """
+    if isinstance(warm_up_rows, bool) or not isinstance(warm_up_rows, int) or warm_up_rows < 0:
+        raise ValueError(f"warm_up_rows must be an int >= 0, got {warm_up_rows!r}")
     packing = enabled and cpu_weight_packing_available()
     count = 0
     for layer in module.modules():
         if hasattr(layer, "packed_weight"):
             layer.packed_weight = PackedLinearWeight() if packing else None
             count += packing
+    if packing and warm_up_rows:
+        _warm_up(module, warm_up_rows)
     return count
+
+
+def _warm_up(module: torch.nn.Module, max_rows: int) -> None:
+    """Each packing layer's first call at every padded row count up to ``max_rows`` (up to the
+    first that takes over ``_WARM_UP_CALL_SECONDS``), once per (weight shape, dtype, bias) kind:
+    oneDNN's kernels do not depend on the weight's values."""
+    sizes = sorted({padded_rows(rows) for rows in range(1, max_rows + 1)})
+    done = set()
+    with torch.no_grad():
+        for layer in module.modules():
+            packed = getattr(layer, "packed_weight", None)
+            if packed is None:
+                continue
+            weight, bias = layer.weight, layer._matmul_bias()
+            kind = (tuple(weight.shape), weight.dtype, None if bias is None else bias.dtype)
+            probe = weight.new_zeros(1, weight.shape[1])
+            if not packed.applies_to(probe, weight):
+                continue
+            packed.linear(probe, weight, bias)  # packs the weight
+            if kind in done:
+                continue
+            done.add(kind)
+            for rows in sizes:
+                started = time.perf_counter()
+                packed.linear(weight.new_zeros(rows, weight.shape[1]), weight, bias)
+                if time.perf_counter() - started > _WARM_UP_CALL_SECONDS:
+                    break
