@@ -1,6 +1,7 @@
 """``paged_decode_attention``: the native C++ kernel and the PyTorch reference against a naive
 per-sequence oracle (keys gathered position by position, float64 softmax), for odd lengths,
-windows at their edges, sinks, grouped-query ratios, block sizes and dtypes; errors for bad
+windows at their edges, sinks, grouped-query ratios, block sizes and dtypes; the native kernel's
+tiles of consecutive rows of one sequence (prefill chunks) against the reference; errors for bad
 arguments; and the dispatch between the two."""
 
 import subprocess
@@ -9,7 +10,13 @@ import textwrap
 
 import pytest
 import torch
-from mcore_kernels import KernelBackendError, layer_norm, paged_decode_attention, use_backend
+from mcore_kernels import (
+    KernelBackendError,
+    layer_norm,
+    paged_attention_reference,
+    paged_decode_attention,
+    use_backend,
+)
 from mcore_kernels.native_build import native_library_error
 
 NATIVE = native_library_error() is None
@@ -109,6 +116,47 @@ def test_native_equals_the_reference_on_a_large_batch(table_dtype):
     with use_backend("reference"):
         reference = paged_decode_attention(*args, scale=0.125)
     torch.testing.assert_close(native.float(), reference.float(), atol=1e-2, rtol=1e-2)
+
+
+RUNS = [  # (heads, groups, dim, block_size, rows as (sequence, first position, count), window)
+    (8, 4, 64, 16, [(0, 0, 37), (1, 200, 1), (2, 5, 20), (3, 90, 1)], None),  # 16 queries a group
+    (8, 2, 64, 16, [(0, 10, 40), (1, 77, 3), (0, 50, 1)], 24),  # windows inside a tile
+    (4, 4, 32, 8, [(0, 0, 19), (1, 3, 1), (2, 30, 5)], None),  # a head a group: row by row
+    (16, 2, 128, 16, [(0, 100, 9), (1, 0, 2)], 7),
+    (6, 3, 48, 24, [(0, 17, 33), (1, 60, 1)], None),  # blocks not a multiple of 16 positions
+]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize(("heads", "groups", "dim", "block_size", "runs", "window"), RUNS)
+def test_native_tiles_of_consecutive_rows_match_the_reference(
+    dtype, sinks, interleave, heads, groups, dim, block_size, runs, window
+):
+    """Rows of one sequence at consecutive positions (prefill chunks, computed as tiles) among decode
+    rows of other sequences; interleaved, no two consecutive rows form a run."""
+    generator = torch.Generator().manual_seed(2)
+    sequences = 1 + max(s for s, _, _ in runs)
+    width = max(first + count for _, first, count in runs) // block_size + 1
+    num_blocks = sequences * width + 3
+    keys, values = (
+        torch.randn(num_blocks, block_size, groups, dim, generator=generator).to(dtype) for _ in range(2)
+    )
+    tables = torch.randperm(num_blocks, generator=generator)[: sequences * width].view(sequences, width)
+    rows = [(s, p) for s, first, count in runs for p in range(first, first + count)]
+    if interleave:
+        rows = rows[::2] + rows[1::2]
+    table = tables[[s for s, _ in rows]].to(torch.int32)
+    positions = torch.tensor([p for _, p in rows])
+    query = torch.randn(len(rows), heads, dim, generator=generator).to(dtype)
+    sink_logits = torch.linspace(-1.0, 2.0, heads) if sinks else None
+    args = (query, keys, values, table, positions)
+    with use_backend("native"):
+        out = paged_decode_attention(*args, scale=dim**-0.5, window_size=window, sink_logits=sink_logits)
+    expected = paged_attention_reference.paged_decode_attention(*args, dim**-0.5, window, sink_logits)
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 @needs_native

@@ -1,5 +1,7 @@
-// Decode attention over a paged KV cache on the CPU: one query per sequence, keys and values read
-// in place from the cache blocks its block table names (no gather into a padded copy).
+// Decode attention over a paged KV cache on the CPU: one query per row, keys and values read in
+// place from the cache blocks its block table names (no gather into a padded copy). Consecutive
+// rows of one sequence at consecutive positions (a prefill chunk's) are computed as a tile that
+// reads each key and value once; the rows are dealt to the threads longest first.
 //
 // Registered as torch.ops.mcore_kernels_cpu.paged_decode_attention; mcore_kernels.native_build
 // compiles this file at first use and mcore_kernels.paged_attention calls it. Shapes:
@@ -13,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,7 +43,8 @@ inline void add_scaled(float w, const float* x, float* y, int64_t n) {
 // between rows): scores [heads, keys], accumulators and the query [heads, dim], per-head softmax
 // denominators, a block converted to float32.
 struct Scratch {
-  std::vector<float> scores, acc, denominator, query, block;
+  std::vector<float> scores, acc, denominator, query, block, top, weights, factor;
+  std::vector<int32_t> pairs, range;
 };
 
 // Asks the CPU to start loading the cache rows of positions p..last that share p's block (the
@@ -86,29 +90,9 @@ struct Row {
 };
 
 #if defined(__AVX512F__)
-// Softmax numerators in place and their sum; a sink joins the maximum and the sum.
-inline float softmax_numerators(float* s, int64_t length, const float* sink) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  __m512 top16 = _mm512_set1_ps(sink ? *sink : neg_inf);
-  int64_t j = 0;
-  for (; j + 16 <= length; j += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(s + j));
-  float top = _mm512_reduce_max_ps(top16);
-  for (; j < length; ++j) top = std::max(top, s[j]);
-  const __m512 top_v = _mm512_set1_ps(top);
-  __m512 sum16 = _mm512_setzero_ps();
-  for (j = 0; j + 16 <= length; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), top_v));
-    _mm512_storeu_ps(s + j, e);
-    sum16 = _mm512_add_ps(sum16, e);
-  }
-  if (j < length) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (length - j)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), top_v));
-    _mm512_mask_storeu_ps(s + j, tail, e);
-    sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(tail, e));
-  }
-  return _mm512_reduce_add_ps(sum16) + (sink ? std::exp(*sink - top) : 0.f);
-}
+// Keys are walked in spans of at most 16 positions inside one block. (Prefetching the spans 32
+// to 512 positions ahead, or none, measured alike: the hardware prefetcher keeps up.)
+constexpr int64_t kSpan = 16;
 
 #if defined(__AVX512BF16__)
 // The sums of eight float32 vectors' lanes, in order.
@@ -118,43 +102,43 @@ inline __m256 sums8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
-// One head's scores over keys k, k + stride, ... (count of them): the bfloat16 dot-product
-// instruction (keys not converted, products exact in float32, float32 sums), eight keys' lane
-// sums reduced at once.
+// One head's unscaled scores over keys k, k + stride, ... (count <= 16 of them; lanes past count
+// are 0): the bfloat16 dot-product instruction (keys not converted, products exact in float32,
+// float32 sums), eight keys' lane sums reduced at once.
 template <int PAIRS>
-void bf16_head_scores(const __m512bh* qh, const c10::BFloat16* k, int64_t stride, int64_t count, float scale,
-                      float* out) {
-  auto partial = [&](const c10::BFloat16* key) {
-    __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), qh[0], (__m512bh)_mm512_loadu_si512(key));
-    for (int c = 1; c < PAIRS; ++c) sum = _mm512_dpbf16_ps(sum, qh[c], (__m512bh)_mm512_loadu_si512(key + c * 32));
-    return sum;
-  };
-  int64_t t = 0;
-  for (; t + 8 <= count; t += 8) {
+inline __m512 bf16_span_scores(const __m512bh* qh, const c10::BFloat16* k, int64_t stride, int64_t count) {
+  __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t e = 0; e < 2 && 8 * e < count; ++e) {
     __m256 halves[8];
-    for (int j = 0; j < 8; ++j) {
-      const __m512 sum = partial(k + (t + j) * stride);
+    for (int64_t j = 0; j < 8; ++j) {
+      if (8 * e + j >= count) {
+        halves[j] = _mm256_setzero_ps();
+        continue;
+      }
+      const c10::BFloat16* key = k + (8 * e + j) * stride;
+      __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), qh[0], (__m512bh)_mm512_loadu_si512(key));
+      for (int c = 1; c < PAIRS; ++c) sum = _mm512_dpbf16_ps(sum, qh[c], (__m512bh)_mm512_loadu_si512(key + c * 32));
       halves[j] = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm512_extractf32x8_ps(sum, 1));
     }
-    _mm256_storeu_ps(out + t, _mm256_mul_ps(sums8(halves), _mm256_set1_ps(scale)));
+    sums[e] = sums8(halves);
   }
-  for (; t < count; ++t) out[t] = _mm512_reduce_add_ps(partial(k + t * stride)) * scale;
+  return _mm512_insertf32x8(_mm512_castps256_ps512(sums[0]), sums[1], 1);
 }
 #endif
 
-// Scores of the heads of one key group over ``count`` keys k, k + stride, ...: head h's scores go
-// to out + h * length. bfloat16 with an even chunk count uses the dot-product instruction; other
-// dtypes convert the keys to float32 and hold four heads' (pre-scaled) queries in registers.
+// Scaled scores of a key group's heads over ``count`` (<= 16) keys k, k + stride, ...: head h's
+// at out + 16 h. bfloat16 with an even chunk count uses the dot-product instruction; other dtypes
+// convert the keys to float32 and hold four heads' (pre-scaled) queries in registers.
 template <int CHUNKS, typename T>
-void group_scores(const T* k, int64_t stride, int64_t count, const T* q, int64_t per_group, float scale, float* out,
-                  int64_t length) {
+void span_scores(const T* k, int64_t stride, int64_t count, const T* q, int64_t per_group, float scale, float* out) {
   constexpr int64_t dim = CHUNKS * 16;
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
     for (int64_t h = 0; h < per_group; ++h) {
       __m512bh qh[CHUNKS / 2];
       for (int c = 0; c < CHUNKS / 2; ++c) qh[c] = (__m512bh)_mm512_loadu_si512(q + h * dim + c * 32);
-      bf16_head_scores<CHUNKS / 2>(qh, k, stride, count, scale, out + h * length);
+      _mm512_storeu_ps(out + 16 * h,
+                      _mm512_mul_ps(bf16_span_scores<CHUNKS / 2>(qh, k, stride, count), _mm512_set1_ps(scale)));
     }
     return;
   }
@@ -170,7 +154,7 @@ void group_scores(const T* k, int64_t stride, int64_t count, const T* q, int64_t
       for (int64_t h = 0; h < heads; ++h) {
         __m512 sum = _mm512_mul_ps(qh[h][0], kc[0]);
         for (int c = 1; c < CHUNKS; ++c) sum = _mm512_fmadd_ps(qh[h][c], kc[c], sum);
-        out[(h0 + h) * length + t] = _mm512_reduce_add_ps(sum);
+        out[16 * (h0 + h) + t] = _mm512_reduce_add_ps(sum);
       }
     }
   }
@@ -204,62 +188,187 @@ inline void store_values(const float* acc, float* row) {
   }
 }
 
-// Adds the weighted values of ``count`` keys v, v + stride, ... to the accumulators of one key
-// group's heads (acc + h * dim, laid out as load_values loads; weights at weights + h * length),
-// four heads' accumulators in registers at a time.
+// Rescales the accumulators of ``queries`` (query j's at acc + j * dim, laid out as load_values
+// loads) by factor[j] and adds the weighted values of keys lo .. hi - 1 of v, v + stride, ...
+// (query j's weight of key t at weights[j * per_query + t * per_key]), a few queries'
+// accumulators in registers at a time.
 template <int CHUNKS, typename T>
-void group_values(const T* v, int64_t stride, int64_t count, const float* weights, int64_t length,
-                  int64_t per_group, float* acc) {
+void span_values(const T* v, int64_t stride, int64_t lo, int64_t hi, const float* weights, int64_t per_query,
+                 int64_t per_key, const float* factor, int64_t queries, float* acc) {
   constexpr int64_t dim = CHUNKS * 16;
-  for (int64_t h0 = 0; h0 < per_group; h0 += 4) {
-    const int64_t heads = std::min<int64_t>(4, per_group - h0);
-    __m512 a[4][CHUNKS];
-    for (int64_t h = 0; h < heads; ++h)
-      for (int c = 0; c < CHUNKS; ++c) a[h][c] = _mm512_loadu_ps(acc + (h0 + h) * dim + c * 16);
-    for (int64_t t = 0; t < count; ++t) {
+  constexpr int64_t kQueries = CHUNKS <= 4 ? 4 : 2;  // accumulators and values fit the 32 registers
+  for (int64_t j0 = 0; j0 < queries; j0 += kQueries) {
+    const int64_t n = std::min<int64_t>(kQueries, queries - j0);
+    __m512 a[kQueries][CHUNKS];
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 f = _mm512_set1_ps(factor[j0 + j]);
+      for (int c = 0; c < CHUNKS; ++c) a[j][c] = _mm512_mul_ps(f, _mm512_loadu_ps(acc + (j0 + j) * dim + c * 16));
+    }
+    for (int64_t t = lo; t < hi; ++t) {
       __m512 vc[CHUNKS];
       load_values<CHUNKS>(v + t * stride, vc);
-      for (int64_t h = 0; h < heads; ++h) {
-        const __m512 weight = _mm512_set1_ps(weights[(h0 + h) * length + t]);
-        for (int c = 0; c < CHUNKS; ++c) a[h][c] = _mm512_fmadd_ps(weight, vc[c], a[h][c]);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m512 weight = _mm512_set1_ps(weights[(j0 + j) * per_query + t * per_key]);
+        for (int c = 0; c < CHUNKS; ++c) a[j][c] = _mm512_fmadd_ps(weight, vc[c], a[j][c]);
       }
     }
-    for (int64_t h = 0; h < heads; ++h)
-      for (int c = 0; c < CHUNKS; ++c) _mm512_storeu_ps(acc + (h0 + h) * dim + c * 16, a[h][c]);
+    for (int64_t j = 0; j < n; ++j)
+      for (int c = 0; c < CHUNKS; ++c) _mm512_storeu_ps(acc + (j0 + j) * dim + c * 16, a[j][c]);
   }
 }
 
-// One sequence, every head, head dim CHUNKS * 16. The cache is walked a block run at a time with
-// every key group inside it, so each position's keys and values (all groups side by side) are
-// read from memory once: a group at a time would stride through the cache once per group.
+#if defined(__AVX512BF16__)
+// Scores of up to 16 queries (one per lane; pairs + 16 i holds their elements 2i, 2i + 1) against
+// ``count`` (<= 16) bfloat16 keys k, k + stride, ...: key t's scores in s[t] (lanes across
+// queries, so the softmax needs no horizontal sums). Each key's element pair is broadcast.
+template <int PAIRS, bool FULL>
+inline void lane_scores(const int32_t* pairs, const c10::BFloat16* k, int64_t stride, int64_t count, __m512* s) {
+  for (int t = 0; t < 16; ++t) s[t] = _mm512_setzero_ps();
+  for (int i = 0; i < PAIRS * 16; ++i) {
+    const __m512bh q = (__m512bh)_mm512_loadu_si512(pairs + 16 * i);
+    for (int t = 0; t < 16; ++t) {
+      if (!FULL && t >= count) break;
+      int32_t word;
+      std::memcpy(&word, k + t * stride + 2 * i, sizeof(word));
+      s[t] = _mm512_dpbf16_ps(s[t], q, (__m512bh)_mm512_set1_epi32(word));
+    }
+  }
+}
+#endif
+
+// One tile (rows of one sequence at consecutive positions, its queries q and outputs out [rows,
+// heads, dim]), every head, head dim CHUNKS * 16, in one pass over the positions ``walk`` spans:
+// each span's keys and values (every key group side by side) are read from memory once for the
+// whole tile, and each row's softmax runs online (running maximum, denominator and accumulators,
+// rescaled when the maximum grows). A key group's queries (rows x heads per group, row-major) are
+// its "queries" here. With bfloat16 and at least 8 of them they are scored 16 at a time, one per
+// lane; otherwise one at a time, keys across lanes.
 template <int CHUNKS, typename T, typename Index>
-void decode_row_blocked(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, float scale,
-                        const float* sink, Scratch& scratch, T* out) {
+void attend_tile(const Row<T, Index>& walk, const int64_t* positions, int64_t rows,
+                 int64_t window, const T* q, int64_t heads, int64_t per_group, float scale, const float* sink,
+                 Scratch& scratch, T* out) {
   constexpr int64_t dim = CHUNKS * 16;
-  std::vector<float>&scores = scratch.scores, &acc = scratch.acc, &denominator = scratch.denominator;
-  const int64_t groups = heads / per_group, first = row.first, length = row.last - first + 1;
-  for_each_block(row.keys, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
-                 [&](const T* rows, int64_t p, int64_t count) {
-                   for (int64_t g = 0; g < groups; ++g)
-                     group_scores<CHUNKS>(rows + g * dim, row.token_stride, count, q + g * per_group * dim, per_group,
-                                          scale, scores.data() + g * per_group * length + p - first, length);
-                 });
-  denominator.resize(heads);
-  for (int64_t h = 0; h < heads; ++h)
-    denominator[h] = softmax_numerators(scores.data() + h * length, length, sink ? sink + h : nullptr);
-  acc.assign(heads * dim, 0.f);
-  for_each_block(row.values, row.table, row.num_blocks, row.block_size, row.token_stride, first, row.last,
-                 [&](const T* rows, int64_t p, int64_t count) {
-                   for (int64_t g = 0; g < groups; ++g)
-                     group_values<CHUNKS>(rows + g * dim, row.token_stride, count,
-                                          scores.data() + g * per_group * length + p - first, length, per_group,
-                                          acc.data() + g * per_group * dim);
-                 });
-  for (int64_t h = 0; h < heads; ++h) {
-    alignas(64) float values[dim];
-    store_values<CHUNKS, T>(acc.data() + h * dim, values);
-    const float inverse = 1.f / denominator[h];
-    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = static_cast<T>(values[i] * inverse);
+  const int64_t groups = heads / per_group, queries = rows * per_group;  // queries of one group
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float>&acc = scratch.acc, &top = scratch.top, &denominator = scratch.denominator;
+  acc.assign(rows * heads * dim, 0.f);  // [group, row, head of the group, dim]: a group's queries together
+  top.resize(rows * heads);
+  denominator.resize(rows * heads);
+  for (int64_t i = 0; i < rows * heads; ++i) {  // a sink starts the maximum and adds exp(0) to the sum
+    const int64_t head = i / queries * per_group + i % per_group;
+    // -max, not -inf: a lane that has seen no key yet must not compute -inf - -inf
+    top[i] = sink ? sink[head] : -std::numeric_limits<float>::max();
+    denominator[i] = sink ? 1.f : 0.f;
+  }
+  const int64_t batches = (queries + 15) / 16;
+  scratch.weights.resize(16 * std::max<int64_t>(per_group, 16));
+  scratch.factor.resize(std::max<int64_t>(per_group, 16));
+  float* weights = scratch.weights.data();
+  float* factor = scratch.factor.data();
+  bool lanes = false;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
+    lanes = queries >= 8;
+    if (lanes) {  // the queries' element pairs, a batch of 16 per (group, batch, pair)
+      scratch.pairs.assign(groups * batches * (dim / 2) * 16, 0);
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t j = 0; j < queries; ++j) {
+          const T* query = q + ((j / per_group) * heads + g * per_group + j % per_group) * dim;
+          for (int64_t i = 0; i < dim / 2; ++i)
+            std::memcpy(&scratch.pairs[((g * batches + j / 16) * (dim / 2) + i) * 16 + j % 16], query + 2 * i, 4);
+        }
+      scratch.range.resize(2 * batches * 16);  // each lane's first and last position, from walk.first
+      for (int64_t j = 0; j < batches * 16; ++j) {
+        const int64_t last = positions[std::min(j, queries - 1) / per_group];
+        const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+        scratch.range[j] = static_cast<int32_t>(first - walk.first);
+        scratch.range[batches * 16 + j] = static_cast<int32_t>(last - walk.first);
+      }
+    }
+  }
+#endif
+  const int64_t block_size = walk.block_size, stride = walk.token_stride;
+  for (int64_t p = walk.first; p <= walk.last;) {
+    const int64_t in_block = p % block_size;
+    const int64_t count = std::min({kSpan - in_block % kSpan, block_size - in_block, walk.last - p + 1});
+    const int64_t block = static_cast<int64_t>(walk.table[p / block_size]);
+    TORCH_CHECK(block >= 0 && block < walk.num_blocks, "paged_decode_attention: block_table names block ", block,
+                " of a cache of ", walk.num_blocks, " blocks");
+    const T* keys = walk.keys + (block * block_size + in_block) * stride;
+    const T* values = walk.values + (block * block_size + in_block) * stride;
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
+      if (lanes) {
+        for (int64_t g = 0; g < groups; ++g)
+          for (int64_t b = 0; b < batches; ++b) {
+            const int64_t j0 = g * queries + 16 * b, n = std::min<int64_t>(16, queries - 16 * b);
+            const __mmask16 used = static_cast<__mmask16>((1u << n) - 1);
+            __m512 s[16];
+            const int32_t* pairs = scratch.pairs.data() + (g * batches + b) * (dim / 2) * 16;
+            if (count == 16)  // keys unrolled, their scores in registers
+              lane_scores<CHUNKS / 2, true>(pairs, keys + g * dim, stride, count, s);
+            else
+              lane_scores<CHUNKS / 2, false>(pairs, keys + g * dim, stride, count, s);
+            const __m512i first = _mm512_loadu_si512(scratch.range.data() + 16 * b);
+            const __m512i last = _mm512_loadu_si512(scratch.range.data() + batches * 16 + 16 * b);
+            const __m512 old_top = _mm512_maskz_loadu_ps(used, top.data() + j0);
+            __m512 peak = old_top;
+            __mmask16 seen[16];
+            for (int64_t t = 0; t < count; ++t) {
+              const __m512i at = _mm512_set1_epi32(static_cast<int32_t>(p + t - walk.first));
+              seen[t] = _mm512_cmple_epi32_mask(first, at) & _mm512_cmple_epi32_mask(at, last);
+              s[t] = _mm512_mask_mul_ps(_mm512_set1_ps(neg_inf), seen[t], s[t], _mm512_set1_ps(scale));
+              peak = _mm512_max_ps(peak, s[t]);
+            }
+            const __m512 f = exp16(_mm512_sub_ps(old_top, peak));
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t t = 0; t < count; ++t) {
+              const __m512 e = _mm512_maskz_mov_ps(seen[t], exp16(_mm512_sub_ps(s[t], peak)));
+              _mm512_storeu_ps(weights + 16 * t, e);
+              sum = _mm512_add_ps(sum, e);
+            }
+            _mm512_storeu_ps(factor, f);
+            _mm512_mask_storeu_ps(top.data() + j0, used, peak);
+            _mm512_mask_storeu_ps(denominator.data() + j0, used,
+                                  _mm512_fmadd_ps(_mm512_maskz_loadu_ps(used, denominator.data() + j0), f, sum));
+            span_values<CHUNKS>(values + g * dim, stride, 0, count, weights, 1, 16, factor, n, acc.data() + j0 * dim);
+          }
+        p += count;
+        continue;
+      }
+    }
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t last = positions[r], first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+      const int64_t hi = std::min(count, last - p + 1), lo = std::max<int64_t>(0, first - p);
+      if (lo >= hi) continue;  // the row sees none of the span
+      const __mmask16 seen = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t j0 = g * queries + r * per_group;  // the row's first query of the group
+        span_scores<CHUNKS>(keys + g * dim, stride, hi, q + (r * heads + g * per_group) * dim, per_group, scale,
+                            weights);
+        for (int64_t h = 0; h < per_group; ++h) {
+          const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(neg_inf), seen, _mm512_loadu_ps(weights + 16 * h));
+          const float peak = std::max(top[j0 + h], _mm512_reduce_max_ps(s));
+          const __m512 e = _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(s, _mm512_set1_ps(peak))));
+          _mm512_storeu_ps(weights + 16 * h, e);
+          factor[h] = std::exp(top[j0 + h] - peak);
+          denominator[j0 + h] = denominator[j0 + h] * factor[h] + _mm512_reduce_add_ps(e);
+          top[j0 + h] = peak;
+        }
+        span_values<CHUNKS>(values + g * dim, stride, lo, hi, weights, 16, 1, factor, per_group,
+                            acc.data() + j0 * dim);
+      }
+    }
+    p += count;
+  }
+  for (int64_t i = 0; i < rows * heads; ++i) {
+    alignas(64) float row[dim];
+    store_values<CHUNKS, T>(acc.data() + i * dim, row);
+    const float inverse = 1.f / denominator[i];
+    const int64_t g = i / queries, r = i % queries / per_group, h = i % per_group;
+    T* o = out + (r * heads + g * per_group + h) * dim;
+    for (int64_t j = 0; j < dim; ++j) o[j] = static_cast<T>(row[j] * inverse);
   }
 }
 #endif
@@ -311,14 +420,16 @@ void decode_row_generic(const Row<T, Index>& row, const T* q, int64_t heads, int
 }
 
 #if defined(__AVX512F__)
-// Head dims of 16 to 128 in steps of 16, with AVX-512.
+// attend_tile for head dims of 16 to 128 in steps of 16 (false for other dims and float64).
 template <typename T, typename Index>
-bool decode_row_avx512(const Row<T, Index>& row, const T* q, int64_t heads, int64_t per_group, int64_t dim,
-                       float scale, const float* sink, Scratch& scratch, T* out) {
+bool attend_tile_avx512(const Row<T, Index>& walk, const int64_t* positions,
+                        int64_t rows, int64_t window, const T* q, int64_t heads, int64_t per_group, int64_t dim,
+                        float scale, const float* sink, Scratch& scratch, T* out) {
   if constexpr (std::is_same_v<T, double>) return false;  // float64 takes the portable path
   if (dim % 16 != 0 || dim > 128) return false;
   auto run = [&](auto chunks) {
-    decode_row_blocked<decltype(chunks)::value>(row, q, heads, per_group, scale, sink, scratch, out);
+    attend_tile<decltype(chunks)::value>(walk, positions, rows, window, q, heads, per_group, scale, sink,
+                                         scratch, out);
   };
   switch (dim / 16) {
     case 1: run(std::integral_constant<int, 1>{}); break;
@@ -334,6 +445,14 @@ bool decode_row_avx512(const Row<T, Index>& row, const T* q, int64_t heads, int6
 }
 #endif
 
+// Rows row .. row + rows - 1: one sequence's (the same block table row) at consecutive positions,
+// as a prefill chunk's rows come; a decode row is a tile of one. cost orders the tiles.
+struct Tile {
+  int64_t row, rows, cost;
+};
+
+constexpr int64_t kTileRows = 16;  // 32 measured slower, 8 no faster
+
 template <typename T, typename Index>
 void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Tensor& value_blocks,
             const at::Tensor& block_table, const at::Tensor& positions, double scale, int64_t window,
@@ -343,31 +462,50 @@ void decode(const at::Tensor& query, const at::Tensor& key_blocks, const at::Ten
   const int64_t width = block_table.size(1), block_size = key_blocks.size(1);
   const T* q = query.data_ptr<T>();
   const int64_t* pos = positions.data_ptr<int64_t>();
+  const Index* table = block_table.data_ptr<Index>();
   const float* sink = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   T* out = output.data_ptr<T>();
-  Row<T, Index> shared{key_blocks.data_ptr<T>(), value_blocks.data_ptr<T>(), block_table.data_ptr<Index>(),
-                       key_blocks.size(0), block_size, key_blocks.size(2) * dim, 0, 0};
-  // Rows dealt to the threads in turn (thread i takes rows i, i + threads, ...): the rows of a
-  // prefill chunk see more keys the later they are, and contiguous ranges would load one thread.
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), batch);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
+                " is outside the ", width, " blocks of its block table row");
+  auto first_of = [&](int64_t b) { return window > 0 ? std::max<int64_t>(0, pos[b] - window + 1) : 0; };
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < batch;) {
+    int64_t rows = 1, cost = pos[b] - first_of(b) + 1;
+    while (rows < kTileRows && b + rows < batch && pos[b + rows] == pos[b + rows - 1] + 1 &&
+           std::equal(table + b * width, table + (b + 1) * width, table + (b + rows) * width))
+      cost += pos[b + rows] - first_of(b + rows) + 1, ++rows;
+    tiles.push_back({b, rows, cost + pos[b + rows - 1] - first_of(b) + 1});  // the rows' work and the walk
+    b += rows;
+  }
+  // Longest first, each thread taking the next tile when it is done with one: rows' lengths vary.
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
+  auto walk_of = [&](const Tile& tile) {
+    return Row<T, Index>{key_blocks.data_ptr<T>(), value_blocks.data_ptr<T>(), table + tile.row * width,
+                         key_blocks.size(0), block_size, key_blocks.size(2) * dim, first_of(tile.row),
+                         pos[tile.row + tile.rows - 1]};
+  };
+  const int64_t count = static_cast<int64_t>(tiles.size());
+  std::atomic<int64_t> taken{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
     Scratch scratch;
-    for (int64_t lane = begin; lane < end; ++lane) {
-      for (int64_t b = lane; b < batch; b += threads) {
-        TORCH_CHECK(pos[b] >= 0 && pos[b] < width * block_size, "paged_decode_attention: position ", pos[b],
-                    " is outside the ", width, " blocks of its block table row");
-        Row<T, Index> row = shared;
-        row.table += b * width;
-        row.last = pos[b];
-        row.first = window > 0 ? std::max<int64_t>(0, row.last - window + 1) : 0;
-        scratch.scores.resize(heads * (row.last - row.first + 1));
-        const T* row_q = q + b * heads * dim;
-        T* row_out = out + b * heads * dim;
+    for (int64_t i = taken++; i < count; i = taken++) {
+      const Tile& tile = tiles[i];
+      const Row<T, Index> walk = walk_of(tile);
+      const T* tile_q = q + tile.row * heads * dim;
+      T* tile_out = out + tile.row * heads * dim;
 #if defined(__AVX512F__)
-        if (decode_row_avx512(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scratch, row_out))
-          continue;
+      if (attend_tile_avx512(walk, pos + tile.row, tile.rows, window, tile_q,
+                             heads, per_group, dim, static_cast<float>(scale), sink, scratch, tile_out))
+        continue;
 #endif
-        decode_row_generic(row, row_q, heads, per_group, dim, static_cast<float>(scale), sink, scratch, row_out);
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        Row<T, Index> row = walk;
+        row.last = pos[tile.row + r];
+        row.first = first_of(tile.row + r);
+        scratch.scores.resize(heads * (row.last - row.first + 1));
+        decode_row_generic(row, tile_q + r * heads * dim, heads, per_group, dim, static_cast<float>(scale), sink,
+                           scratch, tile_out + r * heads * dim);
       }
     }
   });
