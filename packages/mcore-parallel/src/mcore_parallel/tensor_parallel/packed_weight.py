@@ -37,9 +37,7 @@ PACKED_DTYPES = (torch.bfloat16,)
 _BATCH_SIZE_HINT = 32  # the row count oneDNN tunes its blocked layout for; decode batches are near it
 _EXACT_ROWS = 64  # row counts up to this one (decode batches) run unpadded
 _STEPS_PER_POWER_OF_TWO = 32  # a padded count is a multiple of this fraction of the power of two above it
-_WARM_UP_CALL_SECONDS = (
-    0.02  # a call this long is not worth warming up: its kernel's build is small beside it
-)
+_WARM_UP_CALL_SECONDS = 0.02  # calls this long are not warmed up: the kernel's build is small beside them
 
 
 def padded_rows(rows: int) -> int:
@@ -151,16 +149,13 @@ def _warm_up(module: torch.nn.Module, max_rows: int) -> None:
             if packed is None:
                 continue
             weight, bias = layer.weight, layer._matmul_bias()
+            if not packed.applies_to(weight.new_zeros(1, weight.shape[1]), weight):
+                continue
             kind = (tuple(weight.shape), weight.dtype, None if bias is None else bias.dtype)
-            probe = weight.new_zeros(1, weight.shape[1])
-            if not packed.applies_to(probe, weight):
-                continue
-            packed.linear(probe, weight, bias)  # packs the weight
-            if kind in done:
-                continue
-            done.add(kind)
-            for rows in sizes:
+            # a kind already warmed needs one call only, which packs this layer's weight
+            for rows in sizes[:1] if kind in done else sizes:
                 started = time.perf_counter()
                 packed.linear(weight.new_zeros(rows, weight.shape[1]), weight, bias)
                 if time.perf_counter() - started > _WARM_UP_CALL_SECONDS:
                     break
+            done.add(kind)
