@@ -25,6 +25,9 @@ VARIANTS = {
     "gpt-like": dict(softmax_type="off-by-one", max_position_embeddings=256),
 }
 
+# llama-like without qk-norm: the layers mcore-models' lean inference forward computes
+VARIANTS["plain-llama"] = {k: v for k, v in VARIANTS["llama-like"].items() if k != "qk_layernorm"}
+
 
 def build_model(variant="llama-like", groups=None, seed=0, tp=1, **stage):
     """``stage``: ``pre_process`` / ``post_process`` of a pipeline stage."""

@@ -47,6 +47,11 @@ def _packed_values_equal_f_linear():
                 expected_hidden, expected_output = _expected(column, row, x)
             assert torch.equal(hidden, expected_hidden) and torch.equal(output, expected_output)
     assert column.packed_weight._packed is not None and row.packed_weight._packed is not None
+    # inputs that are not contiguous (a transposed view, every other row), unpadded and padded
+    for x in (torch.randn(40, 6, dtype=torch.bfloat16).t(), torch.randn(140, 40, dtype=torch.bfloat16)[::2]):
+        with torch.no_grad():
+            hidden, _ = column(x)
+        assert torch.equal(hidden, _expected(column, row, x)[0])
 
 
 def test_packed_values_equal_f_linear(run_distributed):

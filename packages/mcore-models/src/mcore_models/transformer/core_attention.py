@@ -73,6 +73,26 @@ class DotProductAttention(torch.nn.Module):
             return torch.zeros(num_heads, device=device)
         return self.softmax_offset.float()
 
+    def attend_cached(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, inference_context: InferenceContext
+    ) -> torch.Tensor:
+        """Inference on a step's tokens as rows: writes ``key, value [t, g, d]`` into
+        ``inference_context``'s cache of this layer and attends ``query [t, n, d]`` over it
+        (this layer's scale, window and sinks); ``[t, n * d]``."""
+        if self.cp_group is not None:
+            raise ValueError(
+                "inference_context does not support context parallelism (context_parallel_size > 1)"
+            )
+        return inference_context.attend(
+            self.layer_number,
+            query,
+            key,
+            value,
+            scale=self.scale,
+            window_size=self.window_size,
+            sink_logits=self.sink_logits(query.shape[1], query.device),
+        )
+
     def _fused_causal(self, segment_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> bool:
         """Plain causal attention (no window, sink, packing, extra mask or active dropout) goes
         through PyTorch's fused ``scaled_dot_product_attention``: same result, less memory and time."""
@@ -95,21 +115,8 @@ class DotProductAttention(torch.nn.Module):
         inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
         s, b, n, d = query.shape
-        if inference_context is not None and self.cp_group is not None:
-            raise ValueError(
-                "inference_context does not support context parallelism (context_parallel_size > 1)"
-            )
         if inference_context is not None:  # one flattened row: the context attends over its cache
-            context = inference_context.attend(
-                self.layer_number,
-                query[:, 0],
-                key[:, 0],
-                value[:, 0],
-                scale=self.scale,
-                window_size=self.window_size,
-                sink_logits=self.sink_logits(n, query.device),
-            )
-            return context.unsqueeze(1)
+            return self.attend_cached(query[:, 0], key[:, 0], value[:, 0], inference_context).unsqueeze(1)
         if self._fused_causal(segment_ids, attention_mask):
             context = torch.nn.functional.scaled_dot_product_attention(
                 _batch_in_heads(query),

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from ..config.transformer_config import TransformerConfig
 from .inference_context import InferenceContext
+from .lean_inference import lean_inference_applies, lean_inference_forward, lean_inference_supported
 from .rng import tensor_parallel_rng
 from .spec import build_module
 
@@ -43,6 +44,7 @@ class TransformerLayer(torch.nn.Module):
         self.config = config
         self.layer_number = layer_number
         self.tp_group = tp_group
+        self._single_tp_rank = dist.get_world_size(tp_group) == 1  # a group's size never changes
         self.input_layernorm = build_module(submodules.input_layernorm, config, config.hidden_size)
         self.self_attention = build_module(
             submodules.self_attention, config, layer_number=layer_number, tp_group=tp_group, cp_group=cp_group
@@ -71,6 +73,13 @@ class TransformerLayer(torch.nn.Module):
         attention_mask: torch.Tensor | None = None,
         inference_context: InferenceContext | None = None,
     ) -> torch.Tensor:
+        if (
+            inference_context is not None
+            and not self.training
+            and lean_inference_applies(hidden_states, rotary)
+            and lean_inference_supported(self)
+        ):
+            return lean_inference_forward(self, hidden_states, rotary, inference_context)
         attention = self.self_attention(
             self.input_layernorm(hidden_states),
             rotary,

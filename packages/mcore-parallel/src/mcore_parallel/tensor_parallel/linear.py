@@ -54,6 +54,7 @@ class ColumnParallelLinear(torch.nn.Module):
             raise ValueError("gather_output and sequence_parallel cannot both be set on ColumnParallelLinear")
         self.tp_group = resolve_tp_group(tp_group)
         tp_size = dist.get_world_size(self.tp_group)
+        self._single_rank = tp_size == 1  # a group's size never changes
         self.input_size = input_size
         self.output_size = output_size
         self.output_size_per_partition = check_divisible("output_size", output_size, tp_size)
@@ -73,6 +74,10 @@ class ColumnParallelLinear(torch.nn.Module):
         self.packed_weight: PackedLinearWeight | None = None  # see ``set_cpu_weight_packing``
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._single_rank:  # every mapping is the identity: skip their calls (decode steps are short)
+            return linear(x, self.weight, self._matmul_bias(), self.packed_weight), (
+                self.bias if self.skip_bias_add else None
+            )
         if self.sequence_parallel:
             x = gather_from_sequence_parallel_region(x, self.tp_group, tensor_parallel_output_grad=True)
         else:
@@ -124,6 +129,7 @@ class RowParallelLinear(torch.nn.Module):
             raise ValueError("sequence_parallel needs input_is_parallel=True on RowParallelLinear")
         self.tp_group = resolve_tp_group(tp_group)
         tp_size = dist.get_world_size(self.tp_group)
+        self._single_rank = tp_size == 1  # a group's size never changes
         self.input_size = input_size
         self.output_size = output_size
         self.input_size_per_partition = check_divisible("input_size", input_size, tp_size)
@@ -145,13 +151,16 @@ class RowParallelLinear(torch.nn.Module):
         return None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not self.input_is_parallel:
-            x = scatter_to_tensor_model_parallel_region(x, self.tp_group)
-        partial_output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
-        if self.sequence_parallel:
-            output = reduce_scatter_to_sequence_parallel_region(partial_output, self.tp_group)
+        if self._single_rank:  # every mapping is the identity: skip their calls
+            output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
         else:
-            output = reduce_from_tensor_model_parallel_region(partial_output, self.tp_group)
+            if not self.input_is_parallel:
+                x = scatter_to_tensor_model_parallel_region(x, self.tp_group)
+            partial_output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
+            if self.sequence_parallel:
+                output = reduce_scatter_to_sequence_parallel_region(partial_output, self.tp_group)
+            else:
+                output = reduce_from_tensor_model_parallel_region(partial_output, self.tp_group)
         if self.skip_bias_add or self.bias is None:
             return output, self.bias
         return output + self.bias, None

@@ -90,11 +90,12 @@ class PackedLinearWeight:
             self._weight, self._key = weight, key
         if bias is not None and bias.dtype != x.dtype:
             return F.linear(x, weight, bias)
-        rows = x.reshape(-1, x.shape[-1])
-        count = rows.shape[0]
+        count = x.numel() // x.shape[-1]
         padded = padded_rows(count)
-        if padded != count:
-            rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
+        if padded == count:  # oneDNN takes the leading dimensions as they are: no reshaping around it
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        rows = x.reshape(count, x.shape[-1])
+        rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
         output = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
         return output[:count].view(*x.shape[:-1], output.shape[-1])
 

@@ -327,7 +327,7 @@ class GPTModel(torch.nn.Module):
 
         ``hidden_states`` is required exactly on a stage without ``pre_process``. Raises
         ``RuntimeError`` if the model or a submodule is in training mode (dropout would be on)."""
-        if any(module.training for module in self.modules()):
+        if _any_in_training_mode(self):  # every step: a walk without ``modules()``' bookkeeping
             name = next(n for n, m in self.named_modules() if m.training) or "the model"
             raise RuntimeError(f"inference_forward needs eval mode, but {name} is in training mode")
         if (hidden_states is None) != self.pre_process:
@@ -361,3 +361,14 @@ class GPTModel(torch.nn.Module):
         if gather:
             logits = self._gather_vocab(logits)
         return logits.transpose(0, 1)
+
+
+def _any_in_training_mode(module: torch.nn.Module) -> bool:
+    """Whether ``module`` or any module under it is in training mode."""
+    pending = [module]
+    while pending:
+        current = pending.pop()
+        if current.training:
+            return True
+        pending.extend(child for child in current._modules.values() if child is not None)
+    return False
