@@ -1,4 +1,4 @@
-"""``rms_norm_rows``, ``rotary_rows`` and ``swiglu_rows``: the C++ CPU kernels called without the
+"""``rms_norm_rows``, ``rotary_rows``, ``swiglu_rows`` and ``paged_decode_attention_rows``: the C++ CPU kernels called without the
 public ops' checks and autograd give exactly the public ops' native-backend values, and what the
 kernels are given wrong still raises."""
 
@@ -7,6 +7,8 @@ import torch
 from mcore_kernels import (
     apply_rotary,
     native_rows_available,
+    paged_decode_attention,
+    paged_decode_attention_rows,
     rms_norm,
     rms_norm_rows,
     rope_cos_sin,
@@ -74,3 +76,48 @@ def test_what_the_kernels_cannot_take_raises():
         swiglu_rows(torch.randn(4, 15))
     with pytest.raises(RuntimeError, match="swiglu"):
         swiglu_rows(torch.randn(2, 4, 16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [0, 5])
+def test_paged_decode_attention_rows_equals_the_public_op(dtype, window):
+    torch.manual_seed(0)
+    blocks, block_size, groups, heads, dim = 12, 4, 2, 4, 32
+    key_blocks = torch.randn(blocks, block_size, groups, dim, dtype=dtype)
+    value_blocks = torch.randn(blocks, block_size, groups, dim, dtype=dtype)
+    table = torch.randperm(blocks)[:9].view(3, 3).to(torch.int32)
+    positions = torch.tensor([0, 6, 11])
+    query, sinks = torch.randn(3, heads, dim, dtype=dtype), torch.linspace(-1, 1, heads)
+    for sink in (None, sinks):
+        with torch.no_grad(), use_backend("native"):
+            expected = paged_decode_attention(
+                query,
+                key_blocks,
+                value_blocks,
+                table,
+                positions,
+                scale=0.3,
+                window_size=window or None,
+                sink_logits=sink,
+            )
+        rows = paged_decode_attention_rows(
+            query, key_blocks, value_blocks, table, positions, 0.3, window, sink
+        )
+        assert torch.equal(rows, expected)
+
+
+def test_paged_decode_attention_rows_checks_what_it_reads():
+    key_blocks = value_blocks = torch.randn(4, 4, 1, 16)
+    query, positions = torch.randn(1, 2, 16), torch.tensor([5])
+    with pytest.raises(RuntimeError, match="block_table names block 9"):
+        paged_decode_attention_rows(
+            query, key_blocks, value_blocks, torch.tensor([[0, 9]]), positions, 1.0, 0, None
+        )
+    with pytest.raises(RuntimeError, match="outside the 2 blocks"):
+        paged_decode_attention_rows(
+            query, key_blocks, value_blocks, torch.tensor([[0, 1]]), torch.tensor([8]), 1.0, 0, None
+        )
+    with pytest.raises(RuntimeError, match="share one dtype"):
+        paged_decode_attention_rows(
+            query.double(), key_blocks, value_blocks, torch.tensor([[0, 1]]), positions, 1.0, 0, None
+        )

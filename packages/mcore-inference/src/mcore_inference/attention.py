@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from mcore_api import internal_api
 from mcore_kernels import paged_attention as paged_chunk_attention
-from mcore_kernels import paged_decode_attention, select_backend
+from mcore_kernels import paged_decode_attention, paged_decode_attention_rows, select_backend
 
 _DECODE_OP = "paged_decode_attention"
 _CPU_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -247,6 +247,13 @@ class StepAttention:
     decode: DecodeBatch | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     _rows: tuple | None = field(default=None, repr=False)
+    _backend: str | None = field(default=None, repr=False)
+
+    def backend(self, query: torch.Tensor) -> str:
+        """``decode_backend(query)``, asked once per step (every layer's queries share a device and dtype)."""
+        if self._backend is None:
+            self._backend = decode_backend(query)
+        return self._backend
 
     def row_tables(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every query row as a decode row: ``(positions [tokens], block_table [tokens, W])``,
@@ -286,20 +293,22 @@ def attend_step(
     tokens, heads, dim = query.shape
     groups = key_blocks.shape[2]
     sinks = None if sink_logits is None else sink_logits.float()
-    backend = decode_backend(query)
+    backend = step.backend(query)
     if backend == "triton":
         return _attend_triton(step, query, key_blocks, value_blocks, scale, window_size, sinks)
     if backend == "native" and (step.prefills or step.decode):
-        positions, table = step.row_tables(tokens)  # prefill rows too: the kernel is the faster there
-        return paged_decode_attention(
-            query,
+        # prefill rows too: the kernel is the faster there. Called without the op's Python checks:
+        # the engine built these tensors, and the kernel checks shapes, positions and blocks.
+        positions, table = step.row_tables(tokens)
+        return paged_decode_attention_rows(
+            query.contiguous(),
             key_blocks,
             value_blocks,
             table,
             positions,
-            scale=scale,
-            window_size=window_size,
-            sink_logits=sinks,
+            float(scale),
+            0 if window_size is None else int(window_size),
+            None if sinks is None else sinks.contiguous(),
         ).view(tokens, heads * dim)
     output = query.new_empty(tokens, heads * dim)
     for chunk in step.prefills:

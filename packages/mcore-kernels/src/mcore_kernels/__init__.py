@@ -8,8 +8,9 @@ sigmoid scores, expert bias, renormalisation) per-expert counts padded to an ali
 KV cache for decode rows and prefill chunks (decode with a C++ CPU kernel built at first use); each
 row's greedy token (``argmax_rows``, in the logits' own dtype); one decode token of Mamba-2's
 selective state space on a batch of cached state slots, in place (``mamba_state_update``, a C++
-CPU kernel); the C++ CPU kernels of RMSNorm, rotary and SwiGLU called on rows without checks or
-autograd, for inference loops (``rms_norm_rows``, ``rotary_rows``, ``swiglu_rows``); cross
+CPU kernel); the C++ CPU kernels of RMSNorm, rotary, SwiGLU and paged decode attention called without checks or
+autograd, for inference loops (``rms_norm_rows``, ``rotary_rows``, ``swiglu_rows``,
+``paged_decode_attention_rows``); cross
 entropy, of given logits or fused with the output layer over chunks of tokens, optionally over a
 vocabulary split across ranks. Importing this package never imports Triton nor
 compiles anything."""
@@ -32,7 +33,13 @@ from mcore_kernels.mamba_state import mamba_state_update
 from mcore_kernels.moe_padding import moe_padded_counts
 from mcore_kernels.moe_permute import moe_permute, moe_unpermute
 from mcore_kernels.moe_routing import moe_topk_routing
-from mcore_kernels.native_rows import native_rows_available, rms_norm_rows, rotary_rows, swiglu_rows
+from mcore_kernels.native_rows import (
+    native_rows_available,
+    paged_decode_attention_rows,
+    rms_norm_rows,
+    rotary_rows,
+    swiglu_rows,
+)
 from mcore_kernels.norm import layer_norm, rms_norm
 from mcore_kernels.paged_attention import paged_attention, paged_decode_attention
 from mcore_kernels.paged_kv_append import paged_kv_append
@@ -66,6 +73,7 @@ __all__ = [
     "native_rows_available",
     "paged_attention",
     "paged_decode_attention",
+    "paged_decode_attention_rows",
     "paged_kv_append",
     "quick_geglu",
     "quick_gelu",

@@ -1,7 +1,7 @@
 """Unchecked calls of the C++ CPU kernels on 2-D rows, for inference loops that call them hundreds
 of times a step.
 
-The ops ``rms_norm``, ``apply_rotary`` and ``swiglu`` validate their arguments in Python, pick a
+The ops ``rms_norm``, ``apply_rotary``, ``swiglu`` and ``paged_decode_attention`` validate their arguments in Python, pick a
 backend and wrap autograd on every call: 10-30 us a call, which a decode step of a small model
 pays a few hundred times (and the cores idle meanwhile). These functions call the native kernels
 directly: the same kernels, so the same values as those ops' native backend, without autograd and
@@ -44,3 +44,22 @@ def rotary_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 def swiglu_rows(x: torch.Tensor) -> torch.Tensor:
     """``swiglu`` of contiguous rows ``x [M, 2K]`` (``[gate, up]`` halves): ``[M, K]``, no autograd."""
     return _kernels().swiglu(x)
+
+
+def paged_decode_attention_rows(
+    query: torch.Tensor,
+    key_blocks: torch.Tensor,
+    value_blocks: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    window_size: int,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """``paged_decode_attention`` on the C++ CPU kernel: contiguous ``query [B, n, d]``, cache
+    blocks ``[num_blocks, block_size, g, d]``, ``block_table [B, W]`` (int32 or int64),
+    ``positions [B]`` (int64), ``window_size`` 0 for none, ``sinks`` float32 ``[n]`` or ``None``;
+    ``[B, n, d]``. The kernel checks the shapes and dtypes, and every position and block it reads."""
+    return _kernels().paged_decode_attention(
+        query, key_blocks, value_blocks, block_table, positions, scale, window_size, sinks
+    )
