@@ -106,7 +106,6 @@ class DynamicInferenceContext:
         )
         self.block_tables = BlockTables(self.blocks_needed(self.max_sequence_length), max_requests)
         self.kv_cache: torch.Tensor | None = None
-        self._views: dict[int, tuple] = {}  # see _layer_views; emptied when the cache changes
         # The step laid out in the cache (set by ``ModelRunner``): rows of the logits, the slot of
         # each new token, and how its queries attend.
         self.logits_indices: torch.Tensor | None = None
@@ -189,7 +188,6 @@ class DynamicInferenceContext:
     def allocate(self) -> None:
         """Create the (zeroed) cache tensors, blocks plus the padding slot, and forget every block
         assignment."""
-        self._views = {}
         self.kv_cache = torch.zeros(
             self.num_cache_layers,
             2,
@@ -208,7 +206,6 @@ class DynamicInferenceContext:
         """Free the cache tensors and every block assignment; return the bytes freed."""
         freed = self.memory_bytes if self.kv_cache is not None else 0
         self.kv_cache = None
-        self._views = {}
         self.allocator.reset()
         self.block_tables.reset()
         if self.mamba_slots is not None:
@@ -246,48 +243,25 @@ class DynamicInferenceContext:
     ) -> torch.Tensor:
         """Write this step's ``key, value [t, g, d]`` into the cache of ``layer_number`` and attend
         each request's queries ``[t, n, d]`` over its cached keys (see ``attend_step``); ``[t, n * d]``."""
-        key_cache, value_cache, key_blocks, value_blocks = self._layer_views(layer_number)
+        layer_cache = self.kv_cache[self._cache_layer[layer_number]]
+        key_cache, value_cache = layer_cache[0], layer_cache[1]
         if self.step_attention.backend(query) == "triton":
             paged_kv_append(key_cache, value_cache, key, value, self.token_slots)
         else:
-            key_cache.index_copy_(
-                0, self.token_slots, key if key.dtype == key_cache.dtype else key.to(key_cache.dtype)
-            )
-            value_cache.index_copy_(
-                0,
-                self.token_slots,
-                value if value.dtype == value_cache.dtype else value.to(value_cache.dtype),
-            )
+            key_cache.index_copy_(0, self.token_slots, key.to(key_cache.dtype))
+            value_cache.index_copy_(0, self.token_slots, value.to(value_cache.dtype))
+        blocks = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         return attend_step(
             self.step_attention,
             query,
             key,
             value,
-            key_blocks,
-            value_blocks,
+            key_cache[: self.padding_slot].view(blocks),
+            value_cache[: self.padding_slot].view(blocks),
             scale=scale,
             window_size=window_size,
             sink_logits=sink_logits,
         )
-
-    def _layer_views(
-        self, layer_number: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer ``layer_number``'s key and value cache slots ``[slots, g, d]`` and their blocks
-        ``[num_blocks, block_size, g, d]`` (the padding slot left out), made once per allocation."""
-        views = self._views.get(layer_number)
-        if views is None:
-            layer_cache = self.kv_cache[self._cache_layer[layer_number]]
-            blocks = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-            key_cache, value_cache = layer_cache[0], layer_cache[1]
-            views = (
-                key_cache,
-                value_cache,
-                key_cache[: self.padding_slot].view(blocks),
-                value_cache[: self.padding_slot].view(blocks),
-            )
-            self._views[layer_number] = views
-        return views
 
     def mamba_states(self, layer_number: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The conv and SSM state slots ``[max_requests, ...]`` of Mamba layer ``layer_number``;

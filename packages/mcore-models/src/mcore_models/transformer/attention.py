@@ -84,6 +84,12 @@ class SelfAttention(torch.nn.Module):
             **common,
         )
 
+    def grouped_qkv(self, mixed: torch.Tensor) -> torch.Tensor:
+        """``linear_qkv``'s output ``[..., (n + 2g) d]`` as ``[..., g, n/g + 2, d]``: each key group's
+        query heads, then its key head, then its value head (a view)."""
+        per_group = self.num_heads // self.num_groups
+        return mixed.view(*mixed.shape[:-1], self.num_groups, per_group + 2, self.head_dim)
+
     def split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``[s, b, (n + 2g) d]`` -> ``q [s, b, n, d]``, ``k, v [s, b, g, d]``.
 
@@ -91,7 +97,7 @@ class SelfAttention(torch.nn.Module):
         """
         s, b, _ = mixed.shape
         per_group = self.num_heads // self.num_groups
-        grouped = mixed.view(s, b, self.num_groups, per_group + 2, self.head_dim)
+        grouped = self.grouped_qkv(mixed)
         query, key, value = grouped.split([per_group, 1, 1], dim=3)
         return query.reshape(s, b, self.num_heads, self.head_dim), key.squeeze(3), value.squeeze(3)
 

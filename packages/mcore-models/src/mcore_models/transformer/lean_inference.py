@@ -106,7 +106,7 @@ def _split_and_rotate(
     the queries and keys rotated by one kernel call (their heads lie side by side in each group)."""
     tokens = mixed.shape[0]
     per_group, dim = attention.num_heads // attention.num_groups, attention.head_dim
-    grouped = mixed.view(tokens, attention.num_groups, per_group + 2, dim)
+    grouped = attention.grouped_qkv(mixed)
     cos, sin = rotary
     rotated = mcore_kernels.rotary_rows(
         grouped[:, :, : per_group + 1].reshape(-1, dim), cos.reshape(tokens, -1), sin.reshape(tokens, -1)

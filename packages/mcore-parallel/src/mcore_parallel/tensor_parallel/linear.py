@@ -74,16 +74,13 @@ class ColumnParallelLinear(torch.nn.Module):
         self.packed_weight: PackedLinearWeight | None = None  # see ``set_cpu_weight_packing``
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self._single_rank:  # every mapping is the identity: skip their calls (decode steps are short)
-            return linear(x, self.weight, self._matmul_bias(), self.packed_weight), (
-                self.bias if self.skip_bias_add else None
-            )
-        if self.sequence_parallel:
+        # on one rank every mapping is the identity: their calls are skipped (decode steps are short)
+        if self.sequence_parallel and not self._single_rank:
             x = gather_from_sequence_parallel_region(x, self.tp_group, tensor_parallel_output_grad=True)
-        else:
+        elif not self._single_rank:
             x = copy_to_tensor_model_parallel_region(x, self.tp_group)
         output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
-        if self.gather_output:
+        if self.gather_output and not self._single_rank:
             output = gather_from_tensor_model_parallel_region(output, self.tp_group)
         return output, (self.bias if self.skip_bias_add else None)
 
@@ -151,16 +148,13 @@ class RowParallelLinear(torch.nn.Module):
         return None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self._single_rank:  # every mapping is the identity: skip their calls
-            output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
-        else:
-            if not self.input_is_parallel:
-                x = scatter_to_tensor_model_parallel_region(x, self.tp_group)
-            partial_output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
-            if self.sequence_parallel:
-                output = reduce_scatter_to_sequence_parallel_region(partial_output, self.tp_group)
-            else:
-                output = reduce_from_tensor_model_parallel_region(partial_output, self.tp_group)
+        if not self.input_is_parallel and not self._single_rank:  # one rank: mappings are identities
+            x = scatter_to_tensor_model_parallel_region(x, self.tp_group)
+        output = linear(x, self.weight, self._matmul_bias(), self.packed_weight)
+        if self.sequence_parallel and not self._single_rank:
+            output = reduce_scatter_to_sequence_parallel_region(output, self.tp_group)
+        elif not self._single_rank:
+            output = reduce_from_tensor_model_parallel_region(output, self.tp_group)
         if self.skip_bias_add or self.bias is None:
             return output, self.bias
         return output + self.bias, None
