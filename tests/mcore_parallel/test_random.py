@@ -83,6 +83,15 @@ def _block(x, weight):
     return hidden * 2
 
 
+@pytest.fixture
+def global_tracker_emptied():
+    """Empty the process-wide tracker after the test seeded it: ranks that later tests fork from this
+    process inherit it, and a stream left behind changes their dropout masks."""
+    yield
+    get_rng_tracker().reset()
+
+
+@pytest.mark.usefixtures("global_tracker_emptied")
 def test_checkpoint_recomputes_with_the_same_random_state():
     weight = torch.randn(6, 6)
     x = torch.randn(4, 6)
