@@ -47,18 +47,33 @@ struct Scratch {
   std::vector<int32_t> pairs, range;
 };
 
-// Asks the CPU to start loading the cache rows of positions p..last that share p's block (the
-// blocks of a sequence are scattered, so the hardware prefetcher restarts at every block).
+// Starts loading the cache line at ``address`` into L2. On x86 an asm statement: GCC 12 deletes a
+// loop of __builtin_prefetch calls whose trip count it computes with std::min (found by reading
+// the compiled kernel: not one prefetch instruction was left).
+inline void prefetch_line(const char* address) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*address));
+#else
+  __builtin_prefetch(address, 0, 2);
+#endif
+}
+
+// Asks the CPU to bring the cache rows of positions p..last that share p's block, at most ``span``
+// of them, into L2 while the current ones are computed. A block's rows are contiguous, but the
+// blocks of a sequence are scattered, so the hardware prefetcher restarts at every block: with
+// caches far larger than the CPU's, prefetching the next span took the tile walk of a decode step
+// from 1064 to 759 us per layer (64 sequences of 32-384 positions, blocks of 16, 8 layers).
 template <typename T, typename Index>
 inline void prefetch_block(const T* blocks, const Index* row_table, int64_t num_blocks, int64_t block_size,
-                           int64_t token_stride, int64_t p, int64_t last) {
+                           int64_t token_stride, int64_t p, int64_t last, int64_t span) {
   if (p > last) return;
   const int64_t in_block = p % block_size;
   const int64_t block = static_cast<int64_t>(row_table[p / block_size]);
   if (block < 0 || block >= num_blocks) return;  // the visit of that block reports it
   const char* start = reinterpret_cast<const char*>(blocks + (block * block_size + in_block) * token_stride);
-  const int64_t bytes = std::min(block_size - in_block, last - p + 1) * token_stride * int64_t(sizeof(T));
-  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(start + offset);
+  const int64_t rows = std::min({span, block_size - in_block, last - p + 1});
+  const int64_t bytes = rows * token_stride * static_cast<int64_t>(sizeof(T));
+  for (int64_t offset = 0; offset < bytes; offset += 64) prefetch_line(start + offset);
 }
 
 // The cache rows of one sequence, a block at a time: calls visit(row pointer, first position,
@@ -73,7 +88,7 @@ void for_each_block(const T* blocks, const Index* row_table, int64_t num_blocks,
     const int64_t block = static_cast<int64_t>(row_table[p / block_size]);
     TORCH_CHECK(block >= 0 && block < num_blocks, "paged_decode_attention: block_table names block ",
                 block, " of a cache of ", num_blocks, " blocks");
-    prefetch_block(blocks, row_table, num_blocks, block_size, token_stride, p + count, last);
+    prefetch_block(blocks, row_table, num_blocks, block_size, token_stride, p + count, last, block_size);
     visit(blocks + (block * block_size + in_block) * token_stride, p, count);
     p += count;
   }
@@ -90,8 +105,7 @@ struct Row {
 };
 
 #if defined(__AVX512F__)
-// Keys are walked in spans of at most 16 positions inside one block. (Prefetching the spans 32
-// to 512 positions ahead, or none, measured alike: the hardware prefetcher keeps up.)
+// Keys are walked in spans of at most 16 positions inside one block.
 constexpr int64_t kSpan = 16;
 
 #if defined(__AVX512BF16__)
@@ -296,6 +310,9 @@ void attend_tile(const Row<T, Index>& walk, const int64_t* positions, int64_t ro
                 " of a cache of ", walk.num_blocks, " blocks");
     const T* keys = walk.keys + (block * block_size + in_block) * stride;
     const T* values = walk.values + (block * block_size + in_block) * stride;
+    for (const T* blocks : {walk.keys, walk.values})  // the next span's, in the next block if this one ends
+      prefetch_block(blocks, walk.table, walk.num_blocks, block_size, stride, p + count, walk.last,
+                     kSpan - (p + count) % block_size % kSpan);
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, c10::BFloat16> && CHUNKS % 2 == 0) {
       if (lanes) {
