@@ -1,7 +1,8 @@
 """The engine serving a hybrid (Mamba + attention + MLP + MoE) model: a transformers NemotronH
 (random weights, fp32, ``mcore_testing.nemotron_h``'s tiny config) imported with
 ``import_nemotron_h``. Oracle: transformers' greedy ``generate``, token for token, under batching,
-chunked prefill mixed with decodes, preemption, suspend/resume, abort and tensor parallelism; each request's Mamba
+chunked prefill mixed with decodes (and a step holding a decode, a whole prompt and a prompt
+chunk at once), preemption, suspend/resume, abort and tensor parallelism; each request's Mamba
 state lives in a slot of the context that it takes when laid out and frees when it leaves."""
 
 import pytest
@@ -84,6 +85,36 @@ def test_chunked_prefill_mixed_with_decodes_matches_hf_generate(hybrid, nemotron
     assert [r.generated_tokens for r in requests] == nemotron_h[1]
     mixed = [lay for lay in layouts if lay.decode_rows.numel() and lay.prefills]
     assert mixed, "no step mixed decode rows with a prefill chunk"
+
+
+def test_a_step_mixes_decodes_whole_prompts_and_prompt_chunks(hybrid, nemotron_h):
+    """A budget of 16 tokens makes a step that decodes a request, prefills a whole prompt and a
+    chunk of a longer one, each Mamba state continuing its own slot; greedy output equals HF's."""
+    engine = _engine(hybrid, max_tokens=16)
+    schedule, steps = engine.scheduler.schedule, []
+
+    def recording_schedule():
+        chunks = schedule()
+        prompts = [len(c.request.prompt_tokens) for c in chunks]
+        steps.append([(c.start, c.end, prompt) for c, prompt in zip(chunks, prompts, strict=True)])
+        return chunks
+
+    engine.scheduler.schedule = recording_schedule
+    requests, _ = _run(engine)
+    assert [r.generated_tokens for r in requests] == nemotron_h[1]
+
+    def kinds(step):
+        found = set()
+        for start, end, prompt in step:
+            if end - start == 1 and start >= prompt:
+                found.add("decode")
+            elif start == 0 and end == prompt:
+                found.add("whole prompt")
+            elif end <= prompt and (start > 0 or end < prompt):
+                found.add("prompt chunk")
+        return found
+
+    assert any(kinds(step) == {"decode", "whole prompt", "prompt chunk"} for step in steps), steps
 
 
 def test_preempted_requests_restart_their_state(hybrid, nemotron_h):

@@ -5,13 +5,17 @@ SwiGLU MLP; grouped-query attention with half-rotary RoPE, scaled up so position
 logits; random norms and ``D``; some time steps
 of layer 0 below its ``time_step_limit``; a sequence ending inside a scan chunk). Imported at
 TP = 1 and 2, our logits equal its logits within 1e-4; exported, the files hold the tensors
-``save_pretrained`` wrote, ``from_pretrained`` loads them with no missing or unexpected keys and
-gives the same logits, and re-importing gives the first import's state dict. Options either side
-cannot represent fail with errors naming them, before anything is read or written.
+``save_pretrained`` wrote, ``config.json`` its ``time_step_limit``, ``from_pretrained`` loads them
+with no missing or unexpected keys and gives the same logits, and re-importing gives the first
+import's state dict. The same at TP = 1 for a finite upper limit, ``time_step_limit = (0.02,
+0.5)``, with time steps above 0.5 on other heads of layer 0 (without the limit, transformers'
+logits differ). Options either side cannot represent fail with errors naming them, before
+anything is read or written.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -42,11 +46,9 @@ HF_CONFIG = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
+def _hf_model(hf_config: dict) -> transformers.BambaForCausalLM:
     torch.manual_seed(0)
-    model = transformers.BambaForCausalLM(transformers.BambaConfig(**HF_CONFIG)).eval()
+    model = transformers.BambaForCausalLM(transformers.BambaConfig(**hf_config)).eval()
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if name.endswith(("norm.weight", "layernorm.weight", ".D")):
@@ -58,7 +60,11 @@ def reference(tmp_path_factory):
         attention = model.model.layers[1].self_attn
         for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
             projection.weight *= 10.0
-    directory = tmp_path_factory.mktemp("bamba")
+    return model
+
+
+def _saved(model, directory):
+    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
     model.save_pretrained(directory)
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -66,10 +72,33 @@ def reference(tmp_path_factory):
     return directory, ids, logits
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_parallel):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
+    return _saved(_hf_model(HF_CONFIG), tmp_path_factory.mktemp("bamba"))
+
+
+@pytest.fixture(scope="module")
+def bounded_reference(tmp_path_factory):
+    """``reference`` with ``time_step_limit = (0.02, 0.5)`` and the other half of layer 0's Mamba
+    heads taking time steps above 0.5; and transformers' logits of the same weights without the
+    upper limit."""
+    model = _hf_model(HF_CONFIG | {"time_step_limit": (0.02, 0.5)})
+    with torch.no_grad():
+        model.model.layers[0].mamba.dt_bias[1::2] = 2.0  # softplus(2) = 2.1 before the clamp
+    saved = _saved(model, tmp_path_factory.mktemp("bamba_bounded"))
+    for layer in model.model.layers:
+        if hasattr(layer, "mamba"):
+            layer.mamba.time_step_limit = (0.02, math.inf)
+    with torch.no_grad():
+        unbounded = model(saved[1]).logits
+    return saved, unbounded
+
+
+def _check_logits_and_round_trip(reference, tp, target, run_distributed, model_parallel):
+    """Import ``reference`` at ``tp``, compare logits, export to ``target``, compare files,
+    re-import and reload in transformers; returns the imported mixers' ``mamba_dt_clamp_max``."""
     source, ids, expected = reference
-    target = tmp_path / "export"
 
     def body():
         import torch.distributed as dist
@@ -87,19 +116,44 @@ def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_p
         again = import_bamba(target, pg_collection=groups)
         ours, theirs = model.state_dict(), again.state_dict()
         assert ours.keys() == theirs.keys()
-        return torch.cat(shards, dim=-1), [name for name in ours if not torch.equal(ours[name], theirs[name])]
+        changed = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+        return torch.cat(shards, dim=-1), changed, model.decoder.layers[0].mixer.mamba.mamba_dt_clamp_max
 
-    for logits, changed in run_distributed(body, tp, timeout=120):
+    results = run_distributed(body, tp, timeout=120)
+    for logits, changed, _ in results:
         assert (logits - expected).abs().max().item() <= TOLERANCE
         assert changed == []
 
     original, exported = load_file(source / "model.safetensors"), load_file(target / "model.safetensors")
     assert exported.keys() == original.keys()
     assert all(torch.equal(exported[name], original[name]) for name in original)
+    limit = json.loads((target / "config.json").read_text())["time_step_limit"]
+    assert limit == json.loads((source / "config.json").read_text())["time_step_limit"]
     hf, info = transformers.BambaForCausalLM.from_pretrained(target, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
         assert (hf.eval()(ids).logits - expected).abs().max().item() <= TOLERANCE
+    return results[0][2]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_parallel):
+    clamp_max = _check_logits_and_round_trip(
+        reference, tp, tmp_path / "export", run_distributed, model_parallel
+    )
+    assert clamp_max is None
+
+
+def test_upper_time_step_limit_logits_and_round_trip(
+    bounded_reference, tmp_path, run_distributed, model_parallel
+):
+    reference, unbounded = bounded_reference
+    assert (unbounded - reference[2]).abs().max().item() > 100 * TOLERANCE  # the upper limit matters
+    clamp_max = _check_logits_and_round_trip(
+        reference, 1, tmp_path / "export", run_distributed, model_parallel
+    )
+    assert clamp_max == 0.5
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["time_step_limit"] == [0.02, 0.5]
 
 
 def test_half_rotary_matters(reference, run_distributed, model_parallel):
@@ -121,13 +175,20 @@ def test_half_rotary_matters(reference, run_distributed, model_parallel):
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"attention_bias": True}, "attention_bias=True"),
         ({"mamba_proj_bias": True}, "mamba_proj_bias=True"),
-        ({"time_step_limit": [0.0, 1.0]}, r"time_step_limit=\[0.0, 1.0\]"),
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "rope_type='dynamic'"),
     ],
 )
 def test_unsupported_options_are_named(changes, match):
     with pytest.raises(NotImplementedError, match=match):
         bamba_configs(HF_CONFIG | changes)
+
+
+@pytest.mark.parametrize(
+    ("limit", "clamps"), [(None, (0.0, None)), ((0.02, math.inf), (0.02, None)), ([0.0, 1.0], (0.0, 1.0))]
+)
+def test_time_step_limit_maps_to_the_clamps(limit, clamps):
+    _, mamba, _, _ = bamba_configs(HF_CONFIG | {"time_step_limit": limit})
+    assert (mamba.mamba_dt_clamp_min, mamba.mamba_dt_clamp_max) == clamps
 
 
 BASE = dict(

@@ -124,6 +124,32 @@ def test_tensor_parallel_logits_and_loss(reference, run_distributed, model_paral
         assert (loss - reference_loss.view_as(labels)).abs().max().item() <= TOLERANCE
 
 
+def test_time_step_limit_is_ignored_as_transformers_does(run_distributed, model_parallel):
+    """transformers' NemotronH clamps the time steps at ``time_step_min`` and at no upper limit,
+    whatever ``time_step_limit`` says: imported with a finite one, the mixers have no upper clamp
+    and the logits equal transformers' where time steps exceed that limit."""
+    changes = {"time_step_limit": (0.05, 0.5)}
+
+    def hf_model():
+        model = _hf_model(**changes)
+        with torch.no_grad():
+            model.model.layers[0].mixer.dt_bias[1::2] = 2.0  # softplus(2) = 2.1 > 0.5
+        return model
+
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf_model()(ids).logits
+
+    def body():
+        model = import_nemotron_h(hf_model(), pg_collection=model_parallel(1))
+        with torch.no_grad():
+            return model.decoder.layers[0].mixer.mamba.mamba_dt_clamp_max, model(ids)
+
+    clamp_max, logits = run_distributed(body, 1, timeout=60)[0]
+    assert (logits - expected).abs().max().item() <= TOLERANCE
+    assert clamp_max is None
+
+
 def test_pattern_must_match_num_layers():
     config = TransformerConfig(num_layers=3, hidden_size=32, num_attention_heads=4)
     with pytest.raises(ConfigError, match="num_layers"):
@@ -182,11 +208,17 @@ def test_pipeline_stages_build_their_layers(run_distributed, model_parallel):
         mamba = MambaConfig(mamba_num_heads=8, mamba_head_dim=8, mamba_num_groups=2, mamba_state_dim=16)
         model = HybridModel(config, VOCAB, "M*|-E", mamba, pg_collection=groups, pre_process=False)
         uneven = HybridModel(config, VOCAB, "M*-|E", mamba, pg_collection=groups, pre_process=False)
+        # without "|", the stages take equal shares of the layers
+        even = HybridModel(config, VOCAB, "M*-E", mamba, pg_collection=groups, pre_process=False)
         return [
-            [(layer.layer_number, layer.layer_type) for layer in m.decoder.layers] for m in (model, uneven)
+            [(layer.layer_number, layer.layer_type) for layer in m.decoder.layers]
+            for m in (model, uneven, even)
         ]
 
-    assert run_distributed(body, 2, timeout=60) == [
-        [[(1, "mamba"), (2, "attention")], [(1, "mamba"), (2, "attention"), (3, "mlp")]],
-        [[(3, "mlp"), (4, "moe")], [(4, "moe")]],
+    first_stage, second_stage = run_distributed(body, 2, timeout=60)
+    assert first_stage == [
+        [(1, "mamba"), (2, "attention")],
+        [(1, "mamba"), (2, "attention"), (3, "mlp")],
+        [(1, "mamba"), (2, "attention")],
     ]
+    assert second_stage == [[(3, "mlp"), (4, "moe")], [(4, "moe")], [(3, "mlp"), (4, "moe")]]

@@ -4,9 +4,12 @@ Oracle: a random-weight transformers Mamba2 (fp32; random norms and ``D``; some 
 layer 0 below its ``time_step_limit``, so the clamp matters; a sequence that ends inside a scan
 chunk; non-default special tokens) saved with ``save_pretrained``. Imported at TP = 1 and 2, our
 logits equal its logits within 1e-4; exported, the files hold the tensors ``save_pretrained``
-wrote, ``from_pretrained`` loads them with no missing or unexpected keys and gives the same
-logits, and re-importing the export gives the first import's state dict. Options Mamba2 or
-``HybridModel`` cannot represent fail with errors naming them, before anything is read or written.
+wrote, ``config.json`` its ``time_step_limit``, ``from_pretrained`` loads them with no missing or
+unexpected keys and gives the same logits, and re-importing the export gives the first import's
+state dict. The same at TP = 1 for a finite upper limit, ``time_step_limit = (0.02, 0.5)``, with
+time steps above 0.5 on other heads of layer 0 (without the limit, transformers' logits differ).
+Options Mamba2 or ``HybridModel`` cannot represent fail with errors naming them, before anything
+is read or written.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from mcore_models.config.transformer_config import TransformerConfig
 from mcore_models.data import stdlib_documents, train_bpe_tokenizer
 from mcore_models.models.hybrid import HybridModel, export_mamba2, import_mamba2, mamba2_configs
 from mcore_models.ssm import MambaConfig
+from mcore_parallel import ConfigError
 from safetensors.torch import load_file
 
 TOLERANCE = 1e-4
@@ -45,11 +49,9 @@ HF_CONFIG = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
+def _hf_model(hf_config: dict) -> transformers.Mamba2ForCausalLM:
     torch.manual_seed(0)
-    model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**HF_CONFIG)).eval()
+    model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**hf_config)).eval()
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if name.endswith(("norm.weight", "norm_f.weight", ".D")):
@@ -57,7 +59,11 @@ def reference(tmp_path_factory):
         # half the heads of layer 0 take time steps below the limit's 0.02, where it clamps them
         model.backbone.layers[0].mixer.dt_bias[::2] = -10.0
         model.backbone.layers[0].mixer.in_proj.weight *= 25.0
-    directory = tmp_path_factory.mktemp("mamba2")
+    return model
+
+
+def _saved(model, directory):
+    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
     model.save_pretrained(directory)
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -65,10 +71,32 @@ def reference(tmp_path_factory):
     return directory, ids, logits
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_parallel):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(``save_pretrained`` directory, input ids [2, 12], HF logits)."""
+    return _saved(_hf_model(HF_CONFIG), tmp_path_factory.mktemp("mamba2"))
+
+
+@pytest.fixture(scope="module")
+def bounded_reference(tmp_path_factory):
+    """``reference`` with ``time_step_limit = (0.02, 0.5)`` and the other half of layer 0's heads
+    taking time steps above 0.5; and transformers' logits of the same weights without the upper
+    limit."""
+    model = _hf_model(HF_CONFIG | {"time_step_limit": (0.02, 0.5)})
+    with torch.no_grad():
+        model.backbone.layers[0].mixer.dt_bias[1::2] = 2.0  # softplus(2) = 2.1 before the clamp
+    saved = _saved(model, tmp_path_factory.mktemp("mamba2_bounded"))
+    for layer in model.backbone.layers:
+        layer.mixer.time_step_limit = (0.02, math.inf)
+    with torch.no_grad():
+        unbounded = model(saved[1]).logits
+    return saved, unbounded
+
+
+def _check_logits_and_round_trip(reference, tp, target, run_distributed, model_parallel):
+    """Import ``reference`` at ``tp``, compare logits, export to ``target``, compare files,
+    re-import and reload in transformers; returns the imported mixers' ``mamba_dt_clamp_max``."""
     source, ids, expected = reference
-    target = tmp_path / "export"
 
     def body():
         import torch.distributed as dist
@@ -85,9 +113,11 @@ def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_p
         again = import_mamba2(target, pg_collection=groups)
         ours, theirs = model.state_dict(), again.state_dict()
         assert ours.keys() == theirs.keys()
-        return torch.cat(shards, dim=-1), [name for name in ours if not torch.equal(ours[name], theirs[name])]
+        changed = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+        return torch.cat(shards, dim=-1), changed, model.decoder.layers[0].mixer.mamba.mamba_dt_clamp_max
 
-    for logits, changed in run_distributed(body, tp, timeout=120):
+    results = run_distributed(body, tp, timeout=120)
+    for logits, changed, _ in results:
         assert (logits - expected).abs().max().item() <= TOLERANCE
         assert changed == []
 
@@ -95,15 +125,36 @@ def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_p
     assert exported.keys() == original.keys()
     assert all(torch.equal(exported[name], original[name]) for name in original)
     config = json.loads((target / "config.json").read_text())
-    assert (config["model_type"], config["time_step_limit"], config["eos_token_id"]) == (
-        "mamba2",
-        [0.02, {"__float__": "Infinity"}],  # as transformers writes infinity
-        4,
-    )
+    saved_config = json.loads((source / "config.json").read_text())
+    assert (config["model_type"], config["eos_token_id"]) == ("mamba2", 4)
+    assert config["time_step_limit"] == saved_config["time_step_limit"]  # as transformers wrote it
     hf, info = transformers.Mamba2ForCausalLM.from_pretrained(target, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
         assert (hf.eval()(ids).logits - expected).abs().max().item() <= TOLERANCE
+    return results[0][2]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_parallel):
+    clamp_max = _check_logits_and_round_trip(
+        reference, tp, tmp_path / "export", run_distributed, model_parallel
+    )
+    assert clamp_max is None
+    limit = json.loads((tmp_path / "export" / "config.json").read_text())["time_step_limit"]
+    assert limit == [0.02, {"__float__": "Infinity"}]  # as transformers writes infinity
+
+
+def test_upper_time_step_limit_logits_and_round_trip(
+    bounded_reference, tmp_path, run_distributed, model_parallel
+):
+    reference, unbounded = bounded_reference
+    assert (unbounded - reference[2]).abs().max().item() > 100 * TOLERANCE  # the upper limit matters
+    clamp_max = _check_logits_and_round_trip(
+        reference, 1, tmp_path / "export", run_distributed, model_parallel
+    )
+    assert clamp_max == 0.5
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["time_step_limit"] == [0.02, 0.5]
 
 
 @pytest.mark.parametrize(
@@ -112,7 +163,6 @@ def test_logits_and_round_trip(tp, reference, tmp_path, run_distributed, model_p
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"use_bias": True}, "use_bias=True"),
         ({"use_conv_bias": False}, "use_conv_bias=False"),
-        ({"time_step_limit": [0.0, 1.0]}, r"time_step_limit=\[0.0, 1.0\].*\[min, inf\]"),
     ],
 )
 def test_unsupported_options_are_named(changes, match):
@@ -134,7 +184,20 @@ def test_config_maps_every_size():
         2,
         16,
     )
-    assert (mamba.mamba_chunk_size, mamba.mamba_dt_clamp_min) == (8, 0.02)
+    assert (mamba.mamba_chunk_size, mamba.mamba_dt_clamp_min, mamba.mamba_dt_clamp_max) == (8, 0.02, None)
+
+
+@pytest.mark.parametrize(
+    ("limit", "clamps"), [(None, (0.0, None)), ([0.0, 1.0], (0.0, 1.0)), ((0.02, 0.5), (0.02, 0.5))]
+)
+def test_time_step_limit_maps_to_the_clamps(limit, clamps):
+    _, mamba, _, _ = mamba2_configs(HF_CONFIG | {"time_step_limit": limit})
+    assert (mamba.mamba_dt_clamp_min, mamba.mamba_dt_clamp_max) == clamps
+
+
+def test_an_empty_time_step_limit_is_refused():
+    with pytest.raises(ConfigError, match=r"need mamba_dt_clamp_min \(0.5\) < mamba_dt_clamp_max \(0.1\)"):
+        mamba2_configs(HF_CONFIG | {"time_step_limit": [0.5, 0.1]})
 
 
 @pytest.mark.parametrize(

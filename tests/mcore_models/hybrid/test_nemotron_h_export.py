@@ -107,6 +107,7 @@ CANNOT_EXPRESS = [
     ({"activation": "swiglu"}, {}, "activation='swiglu'"),
     ({"add_bias_linear": True}, {}, "add_bias_linear=True"),
     ({}, {"mamba_dt_clamp_min": 0.0}, "mamba_dt_clamp_min=0.0"),
+    ({}, {"mamba_dt_clamp_max": 0.5}, "mamba_dt_clamp_max=0.5.*no upper limit"),
     ({"moe_shared_expert_intermediate_size": None}, {}, "moe_shared_expert_intermediate_size"),
     ({"moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False}, {}, "score_function"),
 ]

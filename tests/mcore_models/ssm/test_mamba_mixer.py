@@ -1,8 +1,10 @@
 """MambaMixer against Hugging Face's Mamba2Mixer (TP 1 and 2), tensor-parallel exactness against the
 single-process layer, prefill-then-step and an inference engine's paged steps against one full
-forward, and its errors."""
+forward (with and without an upper time-step clamp), its initialisation against seeded draws of
+the same initialisers, and its errors."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -18,6 +20,9 @@ from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
 HIDDEN, HEAD_DIM, STATE, GROUPS, CHUNK, KERNEL = 32, 8, 8, 2, 4, 4
 HEADS = 2 * HIDDEN // HEAD_DIM  # mamba_expand 2
 SEQ, BATCH = 11, 2
+# Time steps clamped to [0.01, 0.03] (the default init draws them log-uniform in [0.001, 0.1]),
+# with weights large enough for the scan, not the D skip, to dominate the output.
+CLAMPED = {"mamba_dt_clamp_min": 0.01, "mamba_dt_clamp_max": 0.03, "init_method_std": 0.3}
 
 
 MAMBA_FIELDS = {field.name for field in dataclasses.fields(MambaConfig)}
@@ -116,13 +121,15 @@ def test_matches_hugging_face_mamba2_mixer(run_distributed, world_size):
     run_distributed(_hf_parity, world_size)
 
 
-def _tensor_parallel_equals_single_process(sequence_parallel: bool):
+def _tensor_parallel_equals_single_process(sequence_parallel: bool, overrides: dict):
     rank = dist.get_rank()
     singles = [dist.new_group([r]) for r in range(dist.get_world_size())]
     torch.manual_seed(5)
-    reference = _mixer(singles[rank])
+    reference = _mixer(singles[rank], **overrides)
     torch.manual_seed(5)
-    parallel = _mixer(dist.group.WORLD, tensor_model_parallel_size=2, sequence_parallel=sequence_parallel)
+    parallel = _mixer(
+        dist.group.WORLD, tensor_model_parallel_size=2, sequence_parallel=sequence_parallel, **overrides
+    )
     full_params = dict(reference.named_parameters())
     for name, param in parallel.named_parameters():
         assert param.tensor_model_parallel and param.partition_dim == (name == "out_proj.weight"), name
@@ -145,14 +152,20 @@ def _tensor_parallel_equals_single_process(sequence_parallel: bool):
         )
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_tensor_parallel_equals_single_process(run_distributed, sequence_parallel):
-    run_distributed(_tensor_parallel_equals_single_process, 2, sequence_parallel)
+@pytest.mark.parametrize(
+    ("sequence_parallel", "overrides"),
+    [(False, {}), (True, {}), (False, {"mamba_conv_init": 0.1, **CLAMPED})],
+    ids=["plain", "sequence_parallel", "conv_init_and_clamps"],
+)
+def test_tensor_parallel_equals_single_process(run_distributed, sequence_parallel, overrides):
+    """Each rank's parameters are its slices of the one-process layer's (the conv weight drawn by
+    ``mamba_conv_init`` too), and the outputs and gradients agree."""
+    run_distributed(_tensor_parallel_equals_single_process, 2, sequence_parallel, overrides)
 
 
-def _prefill_then_step_equals_full_forward():
+def _prefill_then_step_equals_full_forward(**overrides):
     torch.manual_seed(0)
-    mixer = _mixer(dist.group.WORLD)
+    mixer = _mixer(dist.group.WORLD, **overrides)
     x = torch.randn(SEQ, BATCH, HIDDEN, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = mixer(x)
@@ -175,11 +188,11 @@ def _prefill_then_step_equals_full_forward():
         torch.testing.assert_close(out, full[0], atol=1e-5, rtol=1e-5)
 
 
-def _paged_forward_continues_each_slot():
+def _paged_forward_continues_each_slot(**overrides):
     """Two engine steps over three requests, their rows mixed (decodes not adjacent, a prompt cut
     in two), equal ``prefill`` of each request's whole sequence; unlisted slots stay untouched."""
     torch.manual_seed(0)
-    mixer = _mixer(dist.group.WORLD)
+    mixer = _mixer(dist.group.WORLD, **overrides)
     x = torch.randn(3, 9, HIDDEN, generator=torch.Generator().manual_seed(1))  # request, token, h
     conv_shape, ssm_shape = mixer.state_shapes(4)
     conv_states, ssm_states = torch.zeros(conv_shape), torch.randn(ssm_shape)
@@ -212,8 +225,18 @@ def _paged_forward_continues_each_slot():
 
 
 def _decoding_paths_equal_full_forward():
-    _prefill_then_step_equals_full_forward()
-    _paged_forward_continues_each_slot()
+    for overrides in ({}, CLAMPED):  # the clamps apply in the scan, prefill, step and paged paths
+        _prefill_then_step_equals_full_forward(**overrides)
+        _paged_forward_continues_each_slot(**overrides)
+    x = torch.randn(SEQ, BATCH, HIDDEN, generator=torch.Generator().manual_seed(1))
+    outputs = []
+    lower_only = {name: value for name, value in CLAMPED.items() if name != "mamba_dt_clamp_max"}
+    for overrides in ({"init_method_std": CLAMPED["init_method_std"]}, lower_only, CLAMPED):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            outputs.append(_mixer(dist.group.WORLD, **overrides)(x))
+    # the clamps change the output, the upper one on its own too: the checks above are not vacuous
+    assert (outputs[1] - outputs[0]).abs().max() > 1e-2 and (outputs[2] - outputs[1]).abs().max() > 1e-2
 
 
 def test_prefill_step_and_paged_forward_equal_full_forward(run_distributed):
@@ -240,6 +263,17 @@ def test_mamba_shape_errors_name_the_fields(overrides, match):
         ({"mamba_dt_min": 0.0}, r"mamba_dt_min, mamba_dt_max"),
         ({"mamba_a_init_min": 20.0}, r"mamba_a_init_min, mamba_a_init_max: need 0 <"),
         ({"mamba_state_dim": 0}, r"mamba_state_dim: must be >= 1"),
+        ({"mamba_conv_init": 0.0}, r"mamba_conv_init: must be a finite number > 0 or None, got 0.0"),
+        ({"mamba_conv_init": -0.1}, r"mamba_conv_init: must be a finite number > 0 or None, got -0.1"),
+        ({"mamba_conv_init": math.inf}, r"mamba_conv_init: .* got inf"),
+        ({"mamba_conv_init": "0.1"}, r"mamba_conv_init: .* got '0.1'"),
+        ({"mamba_dt_clamp_max": math.nan}, r"mamba_dt_clamp_max: .* got nan"),
+        ({"mamba_dt_clamp_max": math.inf}, r"mamba_dt_clamp_max: .* got inf"),
+        ({"mamba_dt_clamp_max": 0.0}, r"mamba_dt_clamp_max: .* got 0.0"),
+        (
+            {"mamba_dt_clamp_min": 0.05, "mamba_dt_clamp_max": 0.05},
+            r"mamba_dt_clamp_min, mamba_dt_clamp_max: need mamba_dt_clamp_min \(0.05\) < mamba_dt_clamp_max",
+        ),
     ],
 )
 def test_mamba_config_errors_name_the_fields(overrides, match):
@@ -285,7 +319,33 @@ def test_tensor_parallel_and_input_errors(run_distributed):
     run_distributed(_errors, 2)
 
 
+def _seeded_conv_draws(seed: int, conv_init: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv weight and bias a TP = 1 mixer built right after ``torch.manual_seed(seed)`` holds,
+    drawn here in the mixer's order from the default generator: ``in_proj``'s master
+    ``[z; x; B; C; dt]`` (normal, ``init_method_std``), then the conv weight ``[x; B; C]``
+    (``torch.nn.Conv1d``'s ``kaiming_uniform_(a=sqrt(5))``, or uniform in ``±conv_init``), then
+    the conv bias (``torch.nn.Conv1d``'s, uniform in ``±1/sqrt(kernel)``, either way)."""
+    config, _ = _configs()
+    inner, bc = HEADS * HEAD_DIM, GROUPS * STATE
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(torch.empty(2 * inner + 2 * bc + HEADS, HIDDEN), std=config.init_method_std)
+    weight = torch.empty(inner + 2 * bc, 1, KERNEL)
+    if conv_init is None:
+        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    else:
+        torch.nn.init.uniform_(weight, -conv_init, conv_init)
+    bias = torch.empty(inner + 2 * bc).uniform_(-1 / math.sqrt(KERNEL), 1 / math.sqrt(KERNEL))
+    return weight, bias
+
+
 def _initialisation_follows_the_config():
+    for conv_init in (None, 0.1):
+        torch.manual_seed(7)
+        mixer = _mixer(dist.group.WORLD, mamba_conv_init=conv_init)
+        weight, bias = _seeded_conv_draws(7, conv_init)
+        assert torch.equal(mixer.conv1d.weight.detach(), weight), f"conv weight, mamba_conv_init={conv_init}"
+        assert torch.equal(mixer.conv1d.bias.detach(), bias), f"conv bias, mamba_conv_init={conv_init}"
+    assert 0.09 < weight.abs().max() <= 0.1  # inside ±conv_init, not kaiming's ±1/sqrt(4) = ±0.5
     mixer = _mixer(
         dist.group.WORLD, mamba_dt_min=0.01, mamba_dt_max=0.05, mamba_a_init_min=2.0, mamba_a_init_max=3.0
     )
@@ -294,8 +354,6 @@ def _initialisation_follows_the_config():
     a = mixer.A_log.detach().exp()
     assert a.min() >= 2.0 and a.max() <= 3.0
     assert torch.equal(mixer.D, torch.ones(HEADS)) and torch.equal(mixer.norm.weight, torch.ones(2 * HIDDEN))
-    bound = 1 / KERNEL**0.5  # torch.nn.Conv1d's default for a depthwise kernel: fan-in = KERNEL
-    assert mixer.conv1d.weight.abs().max() <= bound and mixer.conv1d.bias.abs().max() <= bound
     floored = _mixer(dist.group.WORLD, mamba_dt_min=1e-6, mamba_dt_max=2e-6)
     default_floor = 1e-4
     torch.testing.assert_close(
@@ -334,3 +392,9 @@ def test_mamba_config_fields_are_command_line_options():
     args += ["--mamba-head-dim", "16", "--mamba-num-groups", "2", "--mamba-dt-max", "0.2"]
     config, mamba = parse_dataclasses([TransformerConfig, MambaConfig], args)
     assert (mamba.heads(config.hidden_size), mamba.mamba_head_dim, mamba.mamba_dt_max) == (4, 16, 0.2)
+    assert (mamba.mamba_conv_init, mamba.mamba_dt_clamp_max) == (None, None)
+    args += ["--mamba-conv-init", "0.05", "--mamba-dt-clamp-max", "0.5"]
+    _, mamba = parse_dataclasses([TransformerConfig, MambaConfig], args)
+    assert (mamba.mamba_conv_init, mamba.mamba_dt_clamp_max) == (0.05, 0.5)
+    with pytest.raises(ConfigError, match="mamba_conv_init: must be a finite number > 0"):
+        parse_dataclasses([TransformerConfig, MambaConfig], [*args, "--mamba-conv-init", "0"])

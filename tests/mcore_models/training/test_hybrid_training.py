@@ -151,6 +151,7 @@ BAD_FLAGS = [
         "context parallelism",
     ),
     (dict(mamba_state_dim=16), ["mamba_state_dim", "hybrid_layer_pattern"], "Mamba layers"),
+    (dict(mamba_conv_init=0.1), ["mamba_conv_init", "hybrid_layer_pattern"], "Mamba layers"),
     (
         dict(hybrid_layer_pattern="*-", num_layers=2, mamba_head_dim=32),
         ["mamba_head_dim", "hybrid_layer_pattern"],
@@ -185,3 +186,16 @@ def test_num_layers_follows_the_pattern_unless_given():
     assert (model.num_layers, model.mamba.mamba_head_dim) == (6, 32)
     with pytest.raises(ConfigError, match="num_layers \\(5\\) differs"):
         parse_train_args([*argv.split(), "--num-layers", "5"])
+
+
+def test_mamba_init_and_clamp_flags_reach_the_model():
+    argv = "--hybrid-layer-pattern M* --num-layers 2 --mamba-head-dim 32 "
+    argv += "--mamba-conv-init 0.05 --mamba-dt-clamp-min 0.01 --mamba-dt-clamp-max 0.5"
+    mamba = parse_train_args(argv.split()).model.mamba
+    assert (mamba.mamba_conv_init, mamba.mamba_dt_clamp_min, mamba.mamba_dt_clamp_max) == (0.05, 0.01, 0.5)
+    with pytest.raises(ConfigError, match="mamba_conv_init: must be a finite number > 0") as error:
+        parse_train_args([*argv.split(), "--mamba-conv-init", "0"])
+    assert error.value.fields == ("mamba_conv_init",)
+    with pytest.raises(ConfigError, match=r"need mamba_dt_clamp_min \(0.01\) < mamba_dt_clamp_max") as error:
+        parse_train_args([*argv.split(), "--mamba-dt-clamp-max", "0.005"])
+    assert error.value.fields == ("mamba_dt_clamp_min", "mamba_dt_clamp_max")

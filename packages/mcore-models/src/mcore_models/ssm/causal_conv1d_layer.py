@@ -11,7 +11,7 @@ from mcore_parallel import sharded_parameter
 
 from .block_sharding import blockwise_init
 from .causal_conv1d import causal_conv1d, causal_conv1d_step
-from .mamba_init import conv_bias_init, init_conv_weight
+from .mamba_init import conv_bias_init, conv_weight_init
 
 
 @experimental_api
@@ -21,7 +21,9 @@ class CausalConv1dLayer(torch.nn.Module):
 
     ``weight`` ``[channels / tp, 1, kernel_width]`` and ``bias`` ``[channels / tp]`` are named and
     shaped as ``torch.nn.Conv1d``'s (and Megatron-LM's and Hugging Face's ``conv1d``) and drawn
-    as its default initialisation of the full layer; they are tagged ``partition_blocks``.
+    as its default initialisation of the full layer, except that with ``conv_init`` the weight is
+    uniform in ``±conv_init`` (as Megatron-LM's and ``mamba_ssm``'s; the bias keeps the default);
+    they are tagged ``partition_blocks``.
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class CausalConv1dLayer(torch.nn.Module):
         *,
         tp_group: dist.ProcessGroup,
         params_dtype: torch.dtype,
+        conv_init: float | None = None,
     ):
         super().__init__()
         tp_size = dist.get_world_size(tp_group)
@@ -39,7 +42,7 @@ class CausalConv1dLayer(torch.nn.Module):
             (channels, 1, kernel_width),
             0,
             tp_group,
-            blockwise_init(init_conv_weight, channel_blocks, tp_size),
+            blockwise_init(conv_weight_init(conv_init), channel_blocks, tp_size),
             params_dtype,
             None,
         )

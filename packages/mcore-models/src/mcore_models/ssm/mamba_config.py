@@ -4,6 +4,7 @@ Megatron-LM's, so they can join the training command line once hybrid models tra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mcore_api import experimental_api
@@ -49,9 +50,27 @@ class MambaConfig:
         help="Forward: time steps below this are raised to it (Nemotron-H clamps at its "
         "time_step_min); 0: no clamp.",
     )
+    mamba_dt_clamp_max: float | None = config_field(
+        None,
+        help="Forward: time steps above this are lowered to it (Hugging Face's time_step_limit[1]); "
+        "must exceed mamba_dt_clamp_min. Default: no upper clamp.",
+    )
+    mamba_conv_init: float | None = config_field(
+        None,
+        help="Init: conv1d weight uniform in (-mamba_conv_init, mamba_conv_init), as Megatron-LM's and "
+        "mamba_ssm's conv_init. Default: torch.nn.Conv1d's kaiming_uniform_(a=sqrt(5)).",
+    )
 
     def __post_init__(self) -> None:
+        for name in ("mamba_dt_clamp_max", "mamba_conv_init"):
+            _check_positive_finite_or_none(name, getattr(self, name))
         validate_fields(self)
+        if self.mamba_dt_clamp_max is not None and self.mamba_dt_clamp_max <= self.mamba_dt_clamp_min:
+            raise ConfigError(
+                ["mamba_dt_clamp_min", "mamba_dt_clamp_max"],
+                f"need mamba_dt_clamp_min ({self.mamba_dt_clamp_min}) < mamba_dt_clamp_max "
+                f"({self.mamba_dt_clamp_max})",
+            )
         if not 0 < self.mamba_dt_min <= self.mamba_dt_max:
             raise ConfigError(
                 ["mamba_dt_min", "mamba_dt_max"],
@@ -88,3 +107,12 @@ class MambaConfig:
                 f"the Mamba heads ({heads}) must be a multiple of mamba_num_groups ({self.mamba_num_groups})",
             )
         return heads
+
+
+def _check_positive_finite_or_none(name: str, value: object) -> None:
+    """``ConfigError`` naming ``name`` unless ``value`` is ``None`` or a finite number above 0."""
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ConfigError([name], f"must be a finite number > 0 or None, got {value!r}")

@@ -37,6 +37,19 @@ def init_conv_weight(weight: torch.Tensor) -> None:
     torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
 
 
+def conv_weight_init(conv_init: float | None) -> Callable[[torch.Tensor], None]:
+    """The conv weight's init: uniform in ``±conv_init`` (Megatron-LM's and ``mamba_ssm``'s
+    ``conv_init``), or ``init_conv_weight`` (``torch.nn.Conv1d``'s default) when it is ``None``."""
+    if conv_init is None:
+        return init_conv_weight
+
+    @torch.no_grad()
+    def init(weight: torch.Tensor) -> None:
+        weight.uniform_(-conv_init, conv_init)
+
+    return init
+
+
 def conv_bias_init(kernel_width: int) -> Callable[[torch.Tensor], None]:
     """``torch.nn.Conv1d``'s default bias init for a depthwise kernel: uniform in ``±1/sqrt(width)``."""
     bound = 1.0 / math.sqrt(kernel_width)

@@ -90,7 +90,11 @@ class MambaMixer(torch.nn.Module):
         )
         self.in_proj.weight.partition_blocks = in_blocks
         self.conv1d = CausalConv1dLayer(
-            (inner, bc, bc), mamba.mamba_conv_kernel, tp_group=tp_group, params_dtype=dtype
+            (inner, bc, bc),
+            mamba.mamba_conv_kernel,
+            tp_group=tp_group,
+            params_dtype=dtype,
+            conv_init=mamba.mamba_conv_init,
         )
         self.dt_bias = sharded_parameter((heads,), 0, tp_group, partial(init_dt_bias, mamba), dtype, None)
         self.A_log = sharded_parameter((heads,), 0, tp_group, partial(init_a_log, mamba), dtype, None)
@@ -247,10 +251,14 @@ class MambaMixer(torch.nn.Module):
         )
 
     def _time_steps(self, dt: torch.Tensor) -> torch.Tensor:
-        """``softplus(dt + dt_bias)`` in float32, at least ``mamba_dt_clamp_min``."""
+        """``softplus(dt + dt_bias)`` in float32, at least ``mamba_dt_clamp_min`` and at most
+        ``mamba_dt_clamp_max`` (Hugging Face's ``time_step_limit``). Every path (the chunked scan,
+        ``prefill``, ``step``, ``paged_forward``) takes its time steps from here."""
         steps = F.softplus(dt.float() + self.dt_bias.float())
-        floor = self.mamba.mamba_dt_clamp_min
-        return steps.clamp(min=floor) if floor > 0 else steps
+        floor, ceiling = self.mamba.mamba_dt_clamp_min, self.mamba.mamba_dt_clamp_max
+        if floor > 0 or ceiling is not None:
+            steps = steps.clamp(min=floor if floor > 0 else None, max=ceiling)
+        return steps
 
     def _check_hidden(self, hidden_states: torch.Tensor, rank: int, layout: str) -> None:
         if hidden_states.dim() != rank or hidden_states.shape[-1] != self.config.hidden_size:

@@ -45,6 +45,7 @@ RESUME_MAY_CHANGE = frozenset(
         "mamba_dt_init_floor",
         "mamba_a_init_min",
         "mamba_a_init_max",
+        "mamba_conv_init",
     }
 )
 """Model config fields a resume may set differently from the checkpoint's."""

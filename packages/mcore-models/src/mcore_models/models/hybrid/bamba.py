@@ -6,12 +6,12 @@ and ``2i + 1`` (``-``). ``input_layernorm`` / ``pre_ff_layernorm`` become their 
 Mamba mixer's tensors (``mamba.*``) keep their names; ``q/k/v_proj`` become the fused
 ``linear_qkv``, ``o_proj`` ``linear_proj``; ``gate_proj``/``up_proj`` the gated ``linear_fc1``,
 ``down_proj`` ``linear_fc2``. transformers' Bamba always rotates half of each head's channels
-(``rotary_percent`` 0.5) and clamps the time steps to ``time_step_limit``.
+(``rotary_percent`` 0.5) and clamps the time steps to ``time_step_limit`` (``mamba_dt_clamp_min`` /
+``mamba_dt_clamp_max``).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from ...hf.mapping import unsupported
 from ...hf.qkv import pack_qkv, unpack_qkv
 from ...hf.rope_config import rope_from_hf, rope_to_hf
 from ...ssm import MambaConfig
+from ._time_step_limit import time_step_limit_from_hf, time_step_limit_to_hf
 from .hf_export import export_hybrid
 from .hf_import import import_hybrid
 from .layer_pattern import HybridLayerPattern
@@ -61,15 +62,14 @@ def bamba_configs(
     term of transformers' Bamba) is not represented.
 
     Raises:
-        NotImplementedError: another activation, biases, no conv bias, an upper time-step limit,
-            or a RoPE type ``rope_from_hf`` cannot map, naming the key and what is supported.
+        NotImplementedError: another activation, biases, no conv bias, or a RoPE type
+            ``rope_from_hf`` cannot map, naming the key and what is supported.
+        ConfigError: a ``time_step_limit`` that is not ``[min, max]`` with ``0 <= min < max``.
     """
     for key, (allowed, help_text) in _REQUIRED.items():
         if hf_config.get(key, allowed) != allowed:
             raise unsupported(key, hf_config.get(key), help_text)
-    low, high = hf_config.get("time_step_limit") or (0.0, math.inf)
-    if high != math.inf:
-        raise unsupported("time_step_limit", [low, high], "[min, inf] (no upper clamp)")
+    low, high = time_step_limit_from_hf(hf_config.get("time_step_limit"))
     pattern = bamba_pattern(hf_config)
     hidden, heads = hf_config.get("hidden_size", 4096), hf_config.get("num_attention_heads", 32)
     kwargs: dict[str, Any] = {
@@ -103,6 +103,7 @@ def bamba_configs(
         mamba_conv_kernel=hf_config.get("mamba_d_conv", 4),
         mamba_chunk_size=hf_config.get("mamba_chunk_size", 256),
         mamba_dt_clamp_min=low,
+        mamba_dt_clamp_max=high,
     )
     config = TransformerConfig(**(kwargs | overrides))
     return config, mamba, pattern, hf_config.get("vocab_size", 128000)
@@ -234,7 +235,7 @@ def bamba_hf_config(model: HybridModel) -> dict[str, Any]:
             "mamba_chunk_size": mamba.mamba_chunk_size,
             "mamba_conv_bias": True,
             "mamba_proj_bias": False,
-            "time_step_limit": [mamba.mamba_dt_clamp_min, math.inf],
+            "time_step_limit": time_step_limit_to_hf(mamba),
         }
         if hf["mamba_n_heads"] * mamba.mamba_head_dim != mamba.mamba_expand * config.hidden_size:
             raise NotImplementedError("Bamba needs mamba_n_heads * mamba_d_head = mamba_expand * hidden_size")

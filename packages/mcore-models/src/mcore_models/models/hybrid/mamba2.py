@@ -5,12 +5,12 @@ A Mamba2 block is a NemotronH Mamba layer (pre-norm, mixer, residual) and its te
 same names (``backbone.embeddings``, ``backbone.layers.{i}.norm`` / ``mixer.*``,
 ``backbone.norm_f``, ``lm_head``), so both directions reuse NemotronH's tensor mapping; what
 differs is ``config.json``. Mamba2's time steps are clamped to ``time_step_limit`` (default
-``(0, inf)``: not at all), its ``time_step_min`` only sets the initialisation.
+``(0, inf)``: not at all; ``mamba_dt_clamp_min`` / ``mamba_dt_clamp_max``), its
+``time_step_min`` only sets the initialisation.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from mcore_parallel import ProcessGroupCollection
 from ...config.transformer_config import TransformerConfig
 from ...hf.mapping import unsupported
 from ...ssm import MambaConfig
+from ._time_step_limit import time_step_limit_from_hf, time_step_limit_to_hf
 from .hf_export import export_hybrid
 from .hf_import import import_hybrid
 from .layer_pattern import HybridLayerPattern
@@ -53,15 +54,14 @@ def mamba2_configs(
     represented: the residual stream keeps the parameters' dtype (equal in float32).
 
     Raises:
-        NotImplementedError: another activation, projection biases, no conv bias, or an upper
-            time-step limit, naming the key and what is supported.
+        NotImplementedError: another activation, projection biases or no conv bias, naming the
+            key and what is supported.
+        ConfigError: a ``time_step_limit`` that is not ``[min, max]`` with ``0 <= min < max``.
     """
     for key, (allowed, help_text) in _REQUIRED.items():
         if hf_config.get(key, allowed) != allowed:
             raise unsupported(key, hf_config.get(key), help_text)
-    low, high = hf_config.get("time_step_limit") or (0.0, math.inf)
-    if high != math.inf:
-        raise unsupported("time_step_limit", [low, high], "[min, inf] (no upper clamp)")
+    low, high = time_step_limit_from_hf(hf_config.get("time_step_limit"))
     layers, hidden = hf_config.get("num_hidden_layers", 64), hf_config.get("hidden_size", 4096)
     kwargs: dict[str, Any] = {
         "num_layers": layers,
@@ -89,6 +89,7 @@ def mamba2_configs(
         mamba_dt_max=hf_config.get("time_step_max", 0.1),
         mamba_dt_init_floor=hf_config.get("time_step_floor", 1e-4),
         mamba_dt_clamp_min=low,
+        mamba_dt_clamp_max=high,
     )
     config = TransformerConfig(**(kwargs | overrides))
     return config, mamba, HybridLayerPattern.parse("M" * layers), hf_config.get("vocab_size", 32768)
@@ -155,7 +156,7 @@ def mamba2_hf_config(model: HybridModel) -> dict[str, Any]:
         "time_step_min": mamba.mamba_dt_min,
         "time_step_max": mamba.mamba_dt_max,
         "time_step_floor": mamba.mamba_dt_init_floor,
-        "time_step_limit": [mamba.mamba_dt_clamp_min, math.inf],
+        "time_step_limit": time_step_limit_to_hf(mamba),
         "hidden_act": "silu",
         "use_bias": False,
         "use_conv_bias": True,

@@ -89,7 +89,8 @@ def nemotron_h_configs(
     transformers reads them.
 
     Keys transformers' model does not use either are ignored: ``sliding_window``,
-    ``time_step_limit`` (it clamps at ``time_step_min``), ``residual_in_fp32``, ``hidden_dropout``,
+    ``time_step_limit`` (it clamps at ``time_step_min`` and has no upper limit, so
+    ``mamba_dt_clamp_max`` stays unset), ``residual_in_fp32``, ``hidden_dropout``,
     ``n_shared_experts`` (always one shared expert) and the multi-token-prediction layers.
 
     Raises:

@@ -60,7 +60,8 @@ def nemotron_h_hf_config(model: HybridModel) -> dict[str, Any]:
             or softmax; a softmax scale other than ``kv_channels ** -0.5``; MoE layers routed
             otherwise than by sigmoid scores of at least two experts, renormalised, without
             groups, capacity or router bias, or without one ungated shared expert; Mamba time
-            steps not clamped below (``mamba_dt_clamp_min`` = 0); pipeline stages.
+            steps not clamped below (``mamba_dt_clamp_min`` = 0) or clamped above
+            (``mamba_dt_clamp_max``: transformers' NemotronH has no upper limit); pipeline stages.
     """
     config, pattern = model.config, model.pattern
     if not (model.pre_process and model.post_process) or config.pipeline_model_parallel_size > 1:
@@ -117,6 +118,12 @@ def _mamba_to_hf(mamba: MambaConfig, hidden_size: int) -> dict[str, Any]:
             "mamba_dt_clamp_min",
             mamba.mamba_dt_clamp_min,
             "> 0 (transformers clamps the time steps below at time_step_min)",
+        )
+    if mamba.mamba_dt_clamp_max is not None:
+        raise _cannot_express(
+            "mamba_dt_clamp_max",
+            mamba.mamba_dt_clamp_max,
+            "None (transformers' NemotronH clamps the time steps at no upper limit)",
         )
     return {
         "ssm_state_size": mamba.mamba_state_dim,
