@@ -10,7 +10,7 @@ from mcore_inference import SamplingParams
 from mcore_kernels import native_rows_available, use_backend
 from mcore_models.transformer import layer as layer_module
 from mcore_models.transformer.lean_inference import lean_inference_applies, lean_inference_supported
-from mcore_parallel import cpu_weight_packing_available, set_cpu_weight_packing
+from mcore_parallel import set_cpu_weight_packing
 
 pytestmark = pytest.mark.skipif(
     not native_rows_available(), reason="the native CPU kernels do not build here"
@@ -42,8 +42,6 @@ def _run(engine, prompts):
 def test_lean_forward_equals_the_generic_one_bit_for_bit(
     dtype, make_model, make_engine, prompts_factory, lean_calls, monkeypatch
 ):
-    if dtype == torch.bfloat16 and not cpu_weight_packing_available():
-        pytest.skip("this CPU or torch build has no oneDNN bfloat16 matmul")
     model = make_model("plain-llama").to(dtype)
     if dtype == torch.bfloat16:
         set_cpu_weight_packing(model, True)
