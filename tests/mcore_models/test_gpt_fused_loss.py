@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from mcore_models import GPTModel, TransformerConfig
-from mcore_models.hf.sharding import gather_tensor, load_full_state_dict
+from mcore_models.hf.sharding import gather_full_tensor, load_full_state_dict
 from mcore_parallel import initialize_model_parallel, reduce_sequence_parallel_grads
 
 
@@ -112,7 +112,7 @@ def test_gpt_model_tensor_parallel_loss_equals_the_logits_path(sequence_parallel
             local.tensor_model_parallel = getattr(params[name], "tensor_model_parallel", False)
             local.partition_dim = getattr(params[name], "partition_dim", 0)
             local.gated_halves = getattr(params[name], "gated_halves", False)
-            errors[name] = (gather_tensor(local, groups.tp) - grad).abs().max().item()
+            errors[name] = (gather_full_tensor(local, groups.tp) - grad).abs().max().item()
         return errors
 
     for errors in run_distributed(body, 2, timeout=60):

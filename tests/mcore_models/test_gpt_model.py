@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from mcore_models import GPTModel, PackedSeqParams, TransformerConfig
-from mcore_models.hf.sharding import gather_tensor, load_full_state_dict
+from mcore_models.hf.sharding import gather_full_tensor, load_full_state_dict
 from mcore_parallel import ProcessGroupCollection, initialize_model_parallel, reduce_sequence_parallel_grads
 
 VOCAB = 64
@@ -104,7 +104,7 @@ def test_tensor_and_sequence_parallel_match_one_process(variant, sequence_parall
             grad.tensor_model_parallel = getattr(params[name], "tensor_model_parallel", False)
             grad.partition_dim = getattr(params[name], "partition_dim", 0)
             grad.gated_halves = getattr(params[name], "gated_halves", False)
-            errors[name] = (gather_tensor(grad, groups.tp) - p.grad).abs().max().item()
+            errors[name] = (gather_full_tensor(grad, groups.tp) - p.grad).abs().max().item()
         return errors
 
     for errors in run_distributed(body, 2, timeout=60):
@@ -216,7 +216,7 @@ def test_tensor_parallel_model_draws_the_one_process_weights(variant, run_distri
         model = GPTModel(_config(variant, tensor_model_parallel_size=2), VOCAB, pg_collection=groups)
         params = dict(model.named_parameters())
         return {
-            name: torch.equal(gather_tensor(params[name], groups.tp), value)
+            name: torch.equal(gather_full_tensor(params[name], groups.tp), value)
             for name, value in expected.items()
             if name in params
         }

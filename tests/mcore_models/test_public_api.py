@@ -13,6 +13,8 @@ PUBLIC_MODULES = [
 # Changing these is an API decision: internal names may leave __all__ in a later release,
 # experimental ones may change in any release.
 MARKED_MODELS = {
+    "gather_full_tensor": "experimental",
+    "shard_full_tensor": "experimental",
     "context_parallel_attention": "experimental",
     "context_parallel_positions": "experimental",
     "gather_sequence": "experimental",

@@ -24,6 +24,7 @@ from mcore_models.debug.grad_logger import DataGradientLogger
 from mcore_models.hf.checkpoint import export_hf_checkpoint, hf_to_transformer_config, import_hf_checkpoint
 from mcore_models.hf.mapping import HFMapping
 from mcore_models.hf.registry import HF_MAPPINGS
+from mcore_models.hf.sharding import gather_full_tensor, shard_full_tensor
 from mcore_models.models.gpt.embedding import LanguageModelEmbedding
 from mcore_models.models.gpt.model import GPTModel
 from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -96,6 +97,7 @@ __all__ = [
     "context_parallel_attention",
     "context_parallel_positions",
     "export_hf_checkpoint",
+    "gather_full_tensor",
     "gather_sequence",
     "get_gpt_layer_local_spec",
     "get_gpt_layer_spec",
@@ -106,6 +108,7 @@ __all__ = [
     "mamba_state_config_of",
     "missing_inference_members",
     "restore_sequence_order",
+    "shard_full_tensor",
     "split_batch",
     "split_sequence",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from mcore_api import experimental_api
 
 from ..ssm.block_sharding import blockwise_shard, blockwise_unshard
 
@@ -22,8 +23,11 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def shard_tensor(local: torch.Tensor, full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's shard of ``full`` for the local parameter ``local`` (replicated when untagged)."""
+@experimental_api
+def shard_full_tensor(local: torch.Tensor, full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This tensor-parallel rank's shard of ``full`` (a whole tensor) for the local parameter
+    ``local``, cut as its tags say (``tensor_model_parallel``, ``partition_dim``, gated halves,
+    blocks); ``full`` itself where ``local`` is not split or ``world_size`` is 1."""
     if not getattr(local, "tensor_model_parallel", False) or world_size == 1:
         return full
     dim = local.partition_dim
@@ -51,7 +55,7 @@ def load_full_state_dict(
         raise KeyError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
     with torch.no_grad():
         for name, local in tensors.items():
-            shard = shard_tensor(local, full_state[name], rank, world_size)
+            shard = shard_full_tensor(local, full_state[name], rank, world_size)
             if shard.shape != local.shape:
                 raise ValueError(
                     f"{name}: shard shape {tuple(shard.shape)} != parameter shape {tuple(local.shape)}"
@@ -59,7 +63,8 @@ def load_full_state_dict(
             local.copy_(shard)
 
 
-def gather_tensor(
+@experimental_api
+def gather_full_tensor(
     local: torch.Tensor, tp_group: dist.ProcessGroup, value: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The full tensor of the local shard ``local`` (collective over ``tp_group``); with ``value``
@@ -83,4 +88,4 @@ def gather_tensor(
 
 def gather_full_state_dict(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
     """The TP=1 state dict of ``model`` on every rank of ``tp_group`` (collective)."""
-    return {name: gather_tensor(t, tp_group) for name, t in _named_tensors(model).items()}
+    return {name: gather_full_tensor(t, tp_group) for name, t in _named_tensors(model).items()}

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from mcore_api import experimental_api, internal_api
 from mcore_parallel import DistributedCheckpointer, ProcessGroupCollection, checkpoint_dir, sharded_tensor
 
-from ..hf.sharding import shard_tensor
+from ..hf.sharding import shard_full_tensor
 from ..transformer.moe.expert_names import (
     expert_parallel_parameters,
     expert_tensor_parallel_parameters,
@@ -188,7 +188,7 @@ def inference_model_state_dict(
     def finish() -> None:
         with torch.no_grad():
             for param, full in whole:
-                param.copy_(shard_tensor(param, full, dist.get_rank(tp_group), tp))
+                param.copy_(shard_full_tensor(param, full, dist.get_rank(tp_group), tp))
 
     return state, finish
 

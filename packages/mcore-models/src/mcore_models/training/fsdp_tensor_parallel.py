@@ -17,7 +17,7 @@ from mcore_parallel import get_group_device
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from ..hf.sharding import gather_tensor, shard_tensor
+from ..hf.sharding import gather_full_tensor, shard_full_tensor
 
 
 def _split(param: torch.nn.Parameter) -> bool:
@@ -56,7 +56,7 @@ class TensorParallelNames:
         if param is None or value is None or value.dim() == 0:  # a step count
             return name, value
         local = value.full_tensor() if isinstance(value, DTensor) else value
-        return name, gather_tensor(param, self.tp_group, local)
+        return name, gather_full_tensor(param, self.tp_group, local)
 
     def to_local(self, name: str, value):
         """The inverse of ``to_global``: this rank's slice, replicated over the data-parallel mesh."""
@@ -64,5 +64,5 @@ class TensorParallelNames:
         if param is None or value is None or value.dim() == 0:
             return name, value
         whole = value.to_local() if isinstance(value, DTensor) else value
-        piece = shard_tensor(param, whole, self.rank, self.size).contiguous()
+        piece = shard_full_tensor(param, whole, self.rank, self.size).contiguous()
         return name, DTensor.from_local(piece, self.mesh, [Replicate()], run_check=False)
