@@ -111,8 +111,10 @@ class DynamicInferenceEngine:
 
     On the CPU in bfloat16, turn on ``mcore_parallel.set_cpu_weight_packing(model, True)`` before
     building the engine (``mcore-serve`` does by default): the model's linear layers then multiply
-    with weights kept in oneDNN's blocked layout (same values as ``F.linear``, 9-13% more tokens/s
-    in ``benchmarks/inference_throughput.py``).
+    with weights kept in oneDNN's blocked layout where oneDNN has a bfloat16 matmul (same values as
+    ``F.linear``, 9-13% more tokens/s in ``benchmarks/inference_throughput.py`` on AVX-512/AMX),
+    else kept in float32 (AVX2 CPUs, where a bfloat16 matmul is 6-8x slower than a float32 one:
+    1.8x the tokens/s there).
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class DynamicInferenceEngine:
         self._async = AsyncDriver(self, self._fail_unfinished)
         self._suspended = False
         self._shutdown = False
+        self._weight_version = 0
         self.step_count = 0
         self.graph_runner = graph_runner_for(model, self.context, cuda_graphs, self._pipeline)
         if freeze_gc:
@@ -440,6 +443,33 @@ class DynamicInferenceEngine:
                 self.scheduler.add(self._incoming.popleft())
             for request in [*self.scheduler.active, *self.scheduler.waiting]:
                 self._fail(request, message)
+
+    # ----------------------------------------------------------------- new weights
+    def update_weights(self, load: Callable[[InferenceModel], None]) -> int:
+        """Run ``load(model)``, which writes new values into the model's parameters, between
+        steps; then drop every cached prefix block (its keys and values came from the old
+        weights), so later prompts are computed afresh. Returns the new ``weight_version``.
+
+        ``load`` must write in place (``param.copy_(...)`` under ``torch.no_grad()``), not
+        replace tensors: CUDA graphs keep reading the same storage, and CPU weight packing
+        repacks a weight whose version counter moved. Refused with ``RuntimeError`` while a
+        request is unfinished (queued, running, or kept by ``suspend``); allowed while
+        suspended. If ``load`` raises, the prefix cache is dropped all the same, the version
+        stays and the error propagates."""
+        with self._lock:
+            if self.has_unfinished_requests():
+                raise RuntimeError("update_weights: the engine has unfinished requests; finish or abort them")
+            try:
+                load(self.model)
+            finally:
+                self.context.allocator.reset()
+            self._weight_version += 1
+            return self._weight_version
+
+    @property
+    def weight_version(self) -> int:
+        """How many times ``update_weights`` loaded new weights (0 for those it was built with)."""
+        return self._weight_version
 
     # ----------------------------------------------------------------- suspend, resume, shutdown
     def suspend(self) -> int:

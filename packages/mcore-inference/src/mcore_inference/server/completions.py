@@ -91,17 +91,20 @@ def _whole_body(
         if header.chat:
             logprobs = None
             if generation.top_logprobs is not None:
-                logprobs = chat_logprobs(output, ctx.tokenizer, generation.top_logprobs)
+                logprobs = chat_logprobs(
+                    output, ctx.tokenizer, generation.top_logprobs, generation.tokens_as_ids
+                )
             choices.append(chat_choice(index, output, logprobs))
         else:
             prompt = generation.prompts[index // generation.n]
             echo = ctx.tokenizer.decode(prompt) if generation.echo else ""
             logprobs = None
             if generation.top_logprobs is not None:
-                logprobs = completion_logprobs(output, ctx.tokenizer, len(echo))
+                as_ids = generation.tokens_as_ids
+                logprobs = completion_logprobs(output, ctx.tokenizer, len(echo), as_ids)
                 if generation.echo:
                     prompt_part = echo_logprobs(
-                        prompt, output.prompt_logprobs, output.prompt_top_logprobs, ctx.tokenizer
+                        prompt, output.prompt_logprobs, output.prompt_top_logprobs, ctx.tokenizer, as_ids
                     )
                     logprobs = joined_logprobs(prompt_part, logprobs)
             choices.append(completion_choice(index, output, echo, logprobs))
@@ -151,10 +154,12 @@ def _delta_choice(
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _delta_logprobs(ctx: ServerContext, header: ResponseHeader, delta: Delta, top: int, offset: int) -> dict:
+def _delta_logprobs(
+    ctx: ServerContext, header: ResponseHeader, generation: GenerationRequest, delta: Delta, offset: int
+) -> dict:
     if header.chat:
-        return chat_logprobs(delta, ctx.tokenizer, top)
-    return completion_logprobs(delta, ctx.tokenizer, offset)
+        return chat_logprobs(delta, ctx.tokenizer, generation.top_logprobs, generation.tokens_as_ids)
+    return completion_logprobs(delta, ctx.tokenizer, offset, generation.tokens_as_ids)
 
 
 def _echo_chunk(
@@ -171,7 +176,13 @@ def _echo_chunk(
     echo, logprobs = ctx.tokenizer.decode(prompt), None
     if generation.top_logprobs is not None:
         choice = choices[index]
-        logprobs = echo_logprobs(prompt, choice.prompt_logprobs, choice.prompt_top_logprobs, ctx.tokenizer)
+        logprobs = echo_logprobs(
+            prompt,
+            choice.prompt_logprobs,
+            choice.prompt_top_logprobs,
+            ctx.tokenizer,
+            generation.tokens_as_ids,
+        )
     sent[index] += len(echo)
     return header.chunk([_delta_choice(header, index, echo, None, logprobs)])
 
@@ -202,7 +213,7 @@ async def _events(
                 continue
             logprobs = None
             if generation.top_logprobs is not None and delta.token_ids:
-                logprobs = _delta_logprobs(ctx, header, delta, generation.top_logprobs, sent[index])
+                logprobs = _delta_logprobs(ctx, header, generation, delta, sent[index])
             if delta.text or logprobs is not None:
                 yield header.chunk([_delta_choice(header, index, delta.text, None, logprobs)])
                 sent[index] += len(delta.text)

@@ -20,9 +20,10 @@ _FINISH_REASONS = {"stop_token": "stop", "eos": "stop", "stop_string": "stop", "
 
 @dataclass
 class ChoiceOutput:
-    """What one choice produced: its text, the tokens behind it, why it ended (``"stop"`` or
+    """What one choice produced: its text, the tokens behind it (then the stop token or EOS that
+    ended it, whose text is not part of ``text``, as in vLLM), why it ended (``"stop"`` or
     ``"length"``, as in the OpenAI API), how many tokens the engine generated, and the
-    log-probabilities of the kept tokens (``top_logprobs``: one ``{token id: logprob}`` a token)
+    log-probabilities of those tokens (``top_logprobs``: one ``{token id: logprob}`` a token)
     and, when asked for, of the prompt's (``None`` for its first token)."""
 
     text: str
@@ -39,7 +40,8 @@ class ChoiceOutput:
 @dataclass
 class Delta:
     """A piece of a choice's output: the text now safe to send (maybe empty) and the tokens that
-    came with it, with their log-probabilities when the request asks for them (else empty)."""
+    came with it, with their log-probabilities when the request asks for them (else empty). The
+    stop token or EOS that ends a choice comes last, alone, with no text."""
 
     text: str
     token_ids: list[int]
@@ -74,7 +76,7 @@ class Choice:
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """The choice's output, piece by piece."""
-        result, outcome = None, "error"
+        result, outcome, stop = None, "error", None
         try:
             async for chunk in self.client.stream(self.prompt, self.params):
                 if chunk.prompt_logprobs is not None:
@@ -84,15 +86,21 @@ class Choice:
                 if chunk.finished:
                     result = chunk.result
                     if result.finish_reason in _STOP_TOKEN_REASONS and ids:
-                        ids = ids[:-1]  # the stop token ends the output; its text is not part of it
+                        # the stop token ends the output: its text is not part of it, its logprob is
+                        stop = Delta("", ids[-1:], *_logprobs_of(chunk, len(ids) - 1, len(ids)))
+                        ids = ids[:-1]
                 if ids and not self.assembler.stopped:
                     delta = await self._take(chunk, ids)
                     if delta.text or delta.token_ids:
                         yield delta
-            outcome = self._finish(result)
+            if self.assembler.stopped:  # a stop string ended the text before the stop token
+                stop = None
+            outcome = self._finish(result, stop)
             tail = self.assembler.finish()
             if tail:
                 yield Delta(tail, [])
+            if stop is not None:
+                yield stop
         except (asyncio.CancelledError, GeneratorExit):  # the HTTP client left: the stream aborted
             outcome = "abort"
             raise
@@ -110,8 +118,7 @@ class Choice:
         if self.assembler.stopped:
             await self.client.abort(chunk.request_id)
             count = max(0, self.assembler.kept_tokens() - before)
-        logprobs, top = chunk.logprobs or [], chunk.top_logprobs or []
-        return Delta(piece, list(ids[:count]), list(logprobs[:count]), [dict(d) for d in top[:count]])
+        return Delta(piece, list(ids[:count]), *_logprobs_of(chunk, 0, count))
 
     async def run(self) -> ChoiceOutput:
         """Run to the end; the ``ChoiceOutput``."""
@@ -128,8 +135,9 @@ class Choice:
             self.metrics.inter_token_latency.observe(now - (self._last_token or now))
         self._last_token = now
 
-    def _finish(self, result: RequestResult) -> str:
-        """Set ``output`` from the engine's result; the outcome to count."""
+    def _finish(self, result: RequestResult, stop: Delta | None) -> str:
+        """Set ``output`` from the engine's result (``stop``: the stop token kept after the
+        text's tokens); the outcome to count."""
         if result.status == "failed":
             raise from_failed_result(result.error)
         if self.assembler.stopped:
@@ -139,10 +147,12 @@ class Choice:
         else:
             reason = _FINISH_REASONS.get(result.finish_reason, "stop")
         kept = self.assembler.kept_tokens()
+        token_ids = self.assembler.tokens[:kept] + (stop.token_ids if stop is not None else [])
+        kept = len(token_ids)  # the engine's log-probabilities cover every generated token
         details = result.details
         self.output = ChoiceOutput(
             text=self.assembler.text,
-            token_ids=self.assembler.tokens[:kept],
+            token_ids=token_ids,
             finish_reason=reason,
             prompt_tokens=len(self.prompt),
             completion_tokens=len(result.generated_tokens),
@@ -152,3 +162,10 @@ class Choice:
             prompt_top_logprobs=self.prompt_top_logprobs,
         )
         return reason
+
+
+def _logprobs_of(chunk: StreamOutput, start: int, end: int) -> tuple[list[float], list[dict[int, float]]]:
+    """The log-probabilities and alternatives of ``chunk``'s new tokens ``start:end`` (empty
+    when the request asks for none)."""
+    logprobs, top = chunk.logprobs or [], chunk.top_logprobs or []
+    return list(logprobs[start:end]), [dict(d) for d in top[start:end]]

@@ -21,7 +21,7 @@ MAX_N = 64
 _SAMPLING_FIELDS = (
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options",
     "stop", "stop_token_ids", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "ignore_eos", "user",
+    "ignore_eos", "user", "return_tokens_as_token_ids",
 )  # fmt: skip
 COMPLETION_FIELDS = frozenset((*_SAMPLING_FIELDS, "prompt", "echo", "logprobs"))
 """Fields ``/v1/completions`` honours; any other (non-null) field is refused with a 400."""
@@ -36,7 +36,8 @@ _API_NAMES = {"num_tokens_to_generate": "max_tokens", "top_n_logprobs": "logprob
 class GenerationRequest:
     """A checked request: the prompts (token ids, and their text), the sampling parameters of each
     choice (``seed + i`` for choice ``i`` when seeded), ``n`` choices per prompt, the stop strings
-    (matched by the server on the text), and how to answer."""
+    (matched by the server on the text), and how to answer (``tokens_as_ids``: name the tokens
+    of log-probabilities ``token_id:<id>``, vLLM's ``return_tokens_as_token_ids``)."""
 
     prompts: list[list[int]]
     params: SamplingParams
@@ -46,6 +47,7 @@ class GenerationRequest:
     include_usage: bool = False
     echo: bool = False
     top_logprobs: int | None = None  # None: no log-probabilities
+    tokens_as_ids: bool = False
 
     def choice_params(self, index: int) -> SamplingParams:
         """The parameters of choice ``index`` of a prompt."""
@@ -211,7 +213,7 @@ def _finish(
     stream, include_usage = _stream_flags(body)
     return GenerationRequest(
         prompts, params, n=_int(body, "n", 1, 1, MAX_N), stop=_stop(body), stream=stream,
-        include_usage=include_usage,
+        include_usage=include_usage, tokens_as_ids=_bool(body, "return_tokens_as_token_ids"),
     )  # fmt: skip
 
 

@@ -60,12 +60,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+TOKEN_ID_PREFIX = "token_id:"
+"""How ``return_tokens_as_token_ids`` names a token: ``token_id:<id>``, as vLLM does."""
+
+
+def token_name(token_id: int, tokenizer: ServingTokenizer, as_id: bool) -> str:
+    """A token as a response names it: its text, or ``token_id:<id>`` when ``as_id``."""
+    return f"{TOKEN_ID_PREFIX}{token_id}" if as_id else tokenizer.token_text(token_id)
+
+
 def completion_logprobs(
-    output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, offset: int = 0
+    output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, offset: int = 0, as_ids: bool = False
 ) -> dict[str, Any]:
-    """The completions ``logprobs`` object: tokens, their log-probabilities, the alternatives and
-    each token's offset in the text (the first at ``offset``)."""
-    return _logprobs_object(output.token_ids, output.logprobs, output.top_logprobs, tokenizer, offset)
+    """The completions ``logprobs`` object: tokens (named by ``token_name``), their
+    log-probabilities, the alternatives and each token's offset in the text (the first at
+    ``offset``)."""
+    return _logprobs_object(output.token_ids, output.logprobs, output.top_logprobs, tokenizer, offset, as_ids)
 
 
 def echo_logprobs(
@@ -73,10 +83,11 @@ def echo_logprobs(
     logprobs: Sequence[float | None],
     top_logprobs: Sequence[dict[int, float] | None],
     tokenizer: ServingTokenizer,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     """The completions ``logprobs`` object of an echoed prompt, its text starting at offset 0;
     the first token has no log-probability and no alternatives (``None``)."""
-    return _logprobs_object(prompt, logprobs, top_logprobs, tokenizer, 0)
+    return _logprobs_object(prompt, logprobs, top_logprobs, tokenizer, 0, as_ids)
 
 
 def joined_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -92,35 +103,43 @@ def _logprobs_object(
     top_logprobs: Sequence[dict[int, float] | None],
     tokenizer: ServingTokenizer,
     offset: int,
+    as_ids: bool,
 ) -> dict[str, Any]:
-    tokens = [tokenizer.token_text(t) for t in token_ids]
-    offsets = []
-    for text in tokens:
+    offsets = []  # into the text, whatever names the tokens
+    for token_id in token_ids:
         offsets.append(offset)
-        offset += len(text)
+        offset += len(tokenizer.token_text(token_id))
     tops = [
-        None if top is None else {tokenizer.token_text(t): p for t, p in top.items()} for top in top_logprobs
+        None if top is None else {token_name(t, tokenizer, as_ids): p for t, p in top.items()}
+        for top in top_logprobs
     ]
     return {
-        "tokens": tokens,
+        "tokens": [token_name(t, tokenizer, as_ids) for t in token_ids],
         "token_logprobs": list(logprobs),
         "top_logprobs": tops or None,
         "text_offset": offsets,
     }
 
 
-def _entry(token_id: int, logprob: float, tokenizer: ServingTokenizer) -> dict[str, Any]:
-    text = tokenizer.token_text(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _entry(token_id: int, logprob: float, tokenizer: ServingTokenizer, as_id: bool) -> dict[str, Any]:
+    text = tokenizer.token_text(token_id)  # ``bytes`` are the text's, whatever names the token
+    return {
+        "token": token_name(token_id, tokenizer, as_id),
+        "logprob": logprob,
+        "bytes": list(text.encode("utf-8")),
+    }
 
 
-def chat_logprobs(output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, top: int) -> dict[str, Any]:
-    """The chat ``logprobs`` object: one entry a token, with its ``top`` alternatives."""
+def chat_logprobs(
+    output: ChoiceOutput | Delta, tokenizer: ServingTokenizer, top: int, as_ids: bool = False
+) -> dict[str, Any]:
+    """The chat ``logprobs`` object: one entry a token (named by ``token_name``), with its ``top``
+    alternatives."""
     content = []
     for i, (token_id, logprob) in enumerate(zip(output.token_ids, output.logprobs, strict=False)):
-        entry = _entry(token_id, logprob, tokenizer)
+        entry = _entry(token_id, logprob, tokenizer, as_ids)
         alternatives = sorted(output.top_logprobs[i].items(), key=lambda kv: -kv[1])[:top] if top else []
-        entry["top_logprobs"] = [_entry(t, p, tokenizer) for t, p in alternatives]
+        entry["top_logprobs"] = [_entry(t, p, tokenizer, as_ids) for t, p in alternatives]
         content.append(entry)
     return {"content": content}
 
