@@ -71,10 +71,17 @@ def _model_uses(path, own):
     return [(path.name, line, what) for line, what in bad]
 
 
+# The one place the engine hands its model out: ``update_weights(load)`` gives it to the caller's
+# ``load``, whose purpose is to write new weights into it.
+CALLER_WRITES = {("engine.py", "passes the model to load")}
+
+
 def test_the_source_touches_only_protocol_members():
     own = _own_functions()
     assert SOURCE and {"engine.py", "pipeline.py", "context.py", "cuda_graphs.py"} <= {p.name for p in SOURCE}
-    assert [use for path in SOURCE for use in _model_uses(path, own)] == []
+    uses = [use for path in SOURCE for use in _model_uses(path, own)]
+    assert [u for u in uses if (u[0], u[2]) not in CALLER_WRITES] == []
+    assert {(u[0], u[2]) for u in uses} == CALLER_WRITES  # the exception is still needed
 
 
 def test_the_static_check_catches_what_it_should(tmp_path):
