@@ -2,6 +2,7 @@
 signatures may change while the rest of the RL stack is built), documented, and in the README."""
 
 import mcore_rl
+import mcore_rl.loop
 from mcore_testing.public_api import missing_from_readme, stability_markers, undocumented
 
 # Changing this is an API decision: unmarked names are held to backward compatibility.
@@ -48,6 +49,30 @@ EXPERIMENTAL = {
     "single_rollouts",
     "unpack_completions",
 }
+
+
+LOOP = {
+    "AdditionTaskConfig",
+    "CharTokenizer",
+    "CheckpointError",
+    "GRPOLoop",
+    "GRPOLoopConfig",
+    "PolicyConfig",
+    "RLConfigs",
+    "RunConfig",
+    "WarmupConfig",
+    "load_checkpoint",
+    "run_default",
+    "save_checkpoint",
+    "supervised_warmup",
+}
+
+
+def test_loop_surface_is_experimental_and_documented():
+    assert set(mcore_rl.loop.__all__) == LOOP
+    assert stability_markers("mcore_rl.loop") == dict.fromkeys(LOOP, "experimental")
+    assert undocumented("mcore_rl.loop") == []
+    assert missing_from_readme(["mcore_rl.loop"], "mcore-rl") == []
 
 
 def test_public_surface_is_experimental_and_documented():

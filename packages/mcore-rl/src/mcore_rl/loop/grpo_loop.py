@@ -1,0 +1,274 @@
+"""``GRPOLoop``: GRPO iterations of an mcore policy with rollouts from a live inference engine."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mcore_api import experimental_api
+from mcore_inference import DynamicInferenceEngine
+from mcore_models import GPTModel
+from mcore_models.training import LocalOptimizer
+from mcore_parallel import DistributedDataParallel, DistributedDataParallelConfig, ProcessGroupCollection
+
+from ..agents.agent import RewardOnlyAgent
+from ..agents.evaluation import evaluate
+from ..agents.generators import grouped_rollouts
+from ..inference.engine_handle import EngineHandle
+from ..inference.vocab import check_vocabulary
+from ..packing import PackedBin, label_logprobs, pack_sequences, packed_grpo_loss
+from ..refit import refit
+from .batch import RolloutBatch, rollout_batch
+from .config import GRPOLoopConfig
+from .prompts import PromptStream
+
+PHASES = ("generation", "reference", "training", "refit")
+"""Where an iteration's time goes, in order (``time_<phase>`` in its record)."""
+
+
+def _frozen_copy(model: GPTModel, groups: ProcessGroupCollection) -> GPTModel:
+    """An eval-mode copy of ``model`` without gradients, on the same process groups."""
+    shared = [dist.group.WORLD, *(getattr(groups, f.name) for f in dataclasses.fields(groups))]
+    shared += [v for m in model.modules() for v in vars(m).values() if isinstance(v, dist.ProcessGroup)]
+    frozen = copy.deepcopy(model, {id(g): g for g in shared if g is not None}).eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
+def _tp_group(model: GPTModel) -> dist.ProcessGroup | None:
+    group = model.tp_group
+    return group if group is not None and dist.get_world_size(group) > 1 else None
+
+
+def _engine_options(config: GRPOLoopConfig, model: GPTModel) -> dict[str, Any]:
+    """A KV cache that holds every rollout of an iteration at once, sequences up to a bin."""
+    block_size, requests = 16, config.prompts_per_iteration * config.group_size
+    spec = model.kv_cache_spec
+    bytes_per_block = 2 * len(spec.layer_numbers) * block_size * spec.num_kv_heads * spec.head_dim * 4
+    blocks = requests * math.ceil(config.bin_length / block_size) + 1
+    return dict(
+        block_size=block_size,
+        max_requests=requests,
+        max_tokens=max(512, config.bin_length),
+        max_sequence_length=config.bin_length,
+        kv_cache_memory=blocks * bytes_per_block,
+    )
+
+
+@experimental_api
+class GRPOLoop:
+    """GRPO on ``policy`` (a float32 ``GPTModel``, one process or data-parallel ranks of
+    ``groups``) with the prompts and rewards of ``agent``, text through ``tokenizer``.
+
+    It owns: the policy wrapped in mcore-parallel's ``DistributedDataParallel`` with
+    mcore-models' ``LocalOptimizer`` (Adam; ``config.optimizer_cpu_offload`` keeps its state on
+    the CPU); a ``DynamicInferenceEngine`` over a copy of the policy (``engine_options``: its
+    context's keywords, default sized for one iteration's rollouts); a frozen copy of the
+    initial policy as the KL reference when ``config.beta > 0`` (none otherwise).
+
+    ``step()`` runs one iteration: the next training prompts through the engine
+    (``grouped_rollouts``, ``group_size`` samples each, seeded by ``config.seed`` and the
+    iteration), the engine's KV cache suspended, advantages per prompt, the rollouts packed into
+    bins, the reference's log-probs, one optimizer step on ``packed_grpo_loss``, the new weights
+    refit into the engine, its cache resumed. A rollout whose reward failed is left out, counted
+    and its error kept. ``evaluate()``: greedy held-out reward and accuracy; ``baseline``: the
+    one before the first iteration. ``state_dict()`` / ``load_state_dict()``: the whole RL state
+    (see ``loop.checkpoint``).
+
+    Raises ``VocabularyMismatchError`` when ``tokenizer`` has ids the policy has no rows for, and
+    ``TypeError``/``ValueError`` for a policy that is not a float32 ``GPTModel``."""
+
+    def __init__(
+        self,
+        policy: GPTModel,
+        agent: RewardOnlyAgent,
+        tokenizer: Any,
+        config: GRPOLoopConfig,
+        groups: ProcessGroupCollection,
+        *,
+        engine_options: dict[str, Any] | None = None,
+    ):
+        if not isinstance(policy, GPTModel):
+            raise TypeError(f"policy: must be an mcore_models.GPTModel, got {type(policy).__name__}")
+        dtypes = {p.dtype for p in policy.parameters()}
+        if dtypes != {torch.float32}:
+            raise ValueError(
+                f"policy: must be float32 (the trainer's weights), got {sorted(map(str, dtypes))}"
+            )
+        check_vocabulary(tokenizer, policy.vocab_size, "the policy model")
+        self.agent, self.tokenizer, self.config, self.groups = agent, tokenizer, config, groups
+        self.loss_config = config.loss_config()
+        self.model = DistributedDataParallel(policy, DistributedDataParallelConfig(), groups.dp)
+        self.optimizer = LocalOptimizer(self.model, config.optimizer_config(), groups)
+        self.reference = _frozen_copy(policy, groups) if config.beta > 0 else None
+        options = _engine_options(config, policy) | (engine_options or {})
+        self.engine = DynamicInferenceEngine(
+            _frozen_copy(policy, groups), tokenizer=tokenizer, freeze_gc=False, **options
+        )
+        self.handle = EngineHandle(self.engine)
+        self.prompts = PromptStream(agent, config.seed)
+        self.iteration = 0
+        self.history: list[dict[str, Any]] = []
+        self.baseline: dict[str, float] | None = None
+
+    @property
+    def policy(self) -> GPTModel:
+        """The policy being trained."""
+        return self.model.module
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks of the policy."""
+        return dist.get_world_size(self.groups.dp)
+
+    def sampling_seed(self, iteration: int) -> int:
+        """The seed of ``iteration``'s rollouts (sample ``j`` of a prompt draws with it plus ``j``)."""
+        return (self.config.seed << 32) + iteration * self.config.group_size
+
+    def step(self, evaluate_after: bool = False) -> dict[str, Any]:
+        """One GRPO iteration (and a held-out evaluation after it when ``evaluate_after``); its
+        record, also appended to ``history``."""
+        iteration, config, times = self.iteration + 1, self.config, {}
+        with _timed(times, "generation"):
+            self.engine.resume()
+            tasks = self.prompts.take(config.prompts_per_iteration)
+            groups = grouped_rollouts(
+                self.handle,
+                tasks,
+                config.group_size,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+                seed=self.sampling_seed(iteration),
+            )
+            self.engine.suspend()  # the KV cache is free while the policy trains
+        batch = rollout_batch(groups, self.loss_config)
+        bins, sizes = self._pack(batch)
+        with _timed(times, "reference"):
+            ref = [self._reference_logprobs(b) for b in bins] if self.reference is not None else None
+        with _timed(times, "training"):
+            train = self._train(bins, sizes, ref)
+        with _timed(times, "refit"):
+            version = refit(self.policy, self.engine)
+            self.engine.resume()
+        self.iteration = iteration
+        record = {"iteration": iteration, **_reward_record(batch), **train, "weight_version": version}
+        record |= {f"time_{phase}": times[phase] for phase in PHASES}
+        if evaluate_after:
+            record |= {f"heldout_{k}": v for k, v in self.evaluate().items()}
+        self.history.append(record)
+        return record
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out prompts (``config.eval_prompts`` of them, default all): ``reward``, the
+        mean reward of ``config.eval_samples`` completions each sampled as in training (same
+        temperature, fixed seed: the expected reward GRPO raises); ``accuracy`` and
+        ``greedy_reward`` of the greedy completion; ``failed``: completions whose reward failed."""
+        self.engine.resume()
+        config = self.config
+        examples = list(self.agent.evaluation_prompts())[: config.eval_prompts]
+        common = dict(examples=examples, max_tokens=config.max_tokens)
+        sampled = evaluate(
+            self.agent,
+            self.handle,
+            n=config.eval_samples,
+            temperature=config.temperature,
+            seed=config.seed,
+            **common,
+        )
+        greedy = evaluate(self.agent, self.handle, temperature=0, **common)
+        return {
+            "reward": sampled.mean_reward,
+            "accuracy": greedy.pass_at_k[1],
+            "greedy_reward": greedy.mean_reward,
+            "failed": sampled.num_failed + greedy.num_failed,
+        }
+
+    def _pack(self, batch: RolloutBatch) -> tuple[tuple[PackedBin, ...], tuple[int, int]]:
+        """This data-parallel rank's bins and the global batch's (sequences, tokens)."""
+        if not batch.sequences:
+            return (), (0, 0)
+        packed = pack_sequences(
+            batch.sequences,
+            self.config.bin_length,
+            data_parallel_size=self.dp_size,
+            pad_token_id=self.tokenizer.pad_id if hasattr(self.tokenizer, "pad_id") else 0,
+        )
+        rank = dist.get_rank(self.groups.dp)
+        return packed.data_parallel_bins(rank), (packed.num_sequences, packed.num_tokens)
+
+    def _forward(self, model: torch.nn.Module, packed: PackedBin) -> torch.Tensor:
+        logits = model(
+            packed.tokens, position_ids=packed.position_ids, packed_seq_params=packed.packed_seq_params
+        )
+        return label_logprobs(logits, packed.labels, _tp_group(self.policy))
+
+    def _reference_logprobs(self, packed: PackedBin) -> torch.Tensor:
+        with torch.no_grad():
+            return self._forward(self.reference, packed)
+
+    def _train(
+        self, bins: tuple[PackedBin, ...], sizes: tuple[int, int], ref: list[torch.Tensor] | None
+    ) -> dict[str, float]:
+        """One optimizer step on the bins' GRPO loss (none when no sequence has an advantage)."""
+        num_sequences, num_tokens = sizes
+        if num_sequences == 0:
+            return {"loss": 0.0, "grad_norm": 0.0, "trained_sequences": 0, "trained_tokens": 0}
+        self.policy.train()
+        warmup = self.config.lr_warmup_iterations
+        for group in self.optimizer.param_groups:
+            group["lr"] = (
+                self.config.lr * min(1.0, (self.iteration + 1) / warmup) if warmup else self.config.lr
+            )
+        self.optimizer.zero_grad()
+        loss, kl, clipped = 0.0, 0.0, 0.0
+        for index, packed in enumerate(bins):
+            result = packed_grpo_loss(
+                self._forward(self.model, packed),
+                packed,
+                self.loss_config,
+                num_sequences=num_sequences,
+                num_tokens=num_tokens,
+                ref_logp=None if ref is None else ref[index],
+            )
+            (result.loss * self.dp_size).backward()  # DDP averages the ranks' gradients
+            loss += float(result.loss.detach())
+            share = int(packed.loss_mask.sum()) / num_tokens
+            metrics = result.metrics
+            if metrics:
+                clipped += share * float(metrics["clip_fraction_low"] + metrics["clip_fraction_high"])
+                kl += share * float(metrics.get("kl_mean", 0.0))
+        grad_norm = float(self.optimizer.step())
+        self.policy.eval()
+        totals = torch.tensor([loss, kl, clipped], dtype=torch.float64)
+        dist.all_reduce(totals, group=self.groups.dp)
+        loss, kl, clipped = totals.tolist()
+        record = {"loss": loss, "grad_norm": grad_norm, "clip_fraction": clipped}
+        record |= {"trained_sequences": num_sequences, "trained_tokens": num_tokens}
+        return record | ({"kl": kl} if self.reference is not None else {})
+
+
+def _reward_record(batch: RolloutBatch) -> dict[str, Any]:
+    """The rollouts' mean reward and accuracy, and their failures."""
+    rewards = batch.rewards
+    return {
+        "train_reward": sum(rewards) / len(rewards) if rewards else math.nan,
+        "train_accuracy": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else math.nan,
+        "failed_rollouts": len(batch.errors),
+        "first_error": batch.errors[0] if batch.errors else None,
+        "skipped_groups": batch.skipped_groups,
+    }
+
+
+@contextmanager
+def _timed(times: dict[str, float], phase: str):
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[phase] = time.perf_counter() - began
