@@ -15,6 +15,7 @@ PUBLIC_MODULES = [
 MARKED_MODELS = {
     "gather_full_tensor": "experimental",
     "shard_full_tensor": "experimental",
+    "state_tensors": "experimental",
     "context_parallel_attention": "experimental",
     "context_parallel_positions": "experimental",
     "gather_sequence": "experimental",

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from mcore_models import GPTModel, TransformerConfig
+from mcore_models import GPTModel
 from mcore_parallel import destroy_model_parallel, forward_backward_pipelining, initialize_model_parallel
 from mcore_rl import (
     GRPOLossConfig,
@@ -18,27 +18,11 @@ from mcore_rl import (
     pack_sequences,
     packed_grpo_loss,
 )
+from mcore_testing.tiny_llama import tiny_llama_config
 
 VOCAB = 64
 BIN_LENGTH = 16
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
-
-
-def _config(**overrides):
-    return TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_query_groups=2,
-        ffn_hidden_size=48,
-        normalization="RMSNorm",
-        activation="swiglu",
-        position_embedding_type="rope",
-        add_bias_linear=False,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        **overrides,
-    )
 
 
 def _sequences(count=7, seed=0):
@@ -106,7 +90,9 @@ def _packed_equals_unpacked(sequences, aggregation, tensor_parallel):
     destroy_model_parallel()
     groups = initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
     torch.manual_seed(0)
-    model = GPTModel(_config(tensor_model_parallel_size=tensor_parallel), VOCAB, pg_collection=groups)
+    model = GPTModel(
+        tiny_llama_config(tensor_model_parallel_size=tensor_parallel), VOCAB, pg_collection=groups
+    )
     config = GRPOLossConfig(aggregation=aggregation, clip_high=0.28, beta=0.04)
     # As many bins as sequences: the padding bins (no sequence) of a data-parallel split ride along.
     batch = pack_sequences(sequences, BIN_LENGTH, data_parallel_size=len(sequences))
@@ -164,7 +150,9 @@ def _pipeline(sequences, aggregation):
     groups = initialize_model_parallel(pipeline_model_parallel_size=2)
     stage = dist.get_rank(groups.pp)
     torch.manual_seed(0)
-    model = GPTModel(_config(), VOCAB, pre_process=stage == 0, post_process=stage == 1, pg_collection=groups)
+    model = GPTModel(
+        tiny_llama_config(), VOCAB, pre_process=stage == 0, post_process=stage == 1, pg_collection=groups
+    )
     config = GRPOLossConfig(aggregation=aggregation, clip_high=0.28, beta=0.04)
     batch = pack_sequences(sequences, BIN_LENGTH, data_parallel_size=len(sequences))
 

@@ -7,32 +7,20 @@ import pytest
 import torch
 import torch.distributed as dist
 from mcore_inference import DynamicInferenceEngine, SamplingParams
-from mcore_models import GPTModel, TransformerConfig
+from mcore_models import GPTModel
 from mcore_parallel import ProcessGroupCollection, set_cpu_weight_packing
 from mcore_rl import EngineBusyError, RefitMismatchError, refit
+from mcore_testing.tiny_llama import tiny_llama_config
 
 VOCAB = 100  # padded to 100 rows at TP 1, 104 at TP 2 (make_vocab_size_divisible_by=4)
-LLAMA = dict(
-    num_layers=2,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_query_groups=2,
-    ffn_hidden_size=96,
-    normalization="RMSNorm",
-    activation="swiglu",
-    position_embedding_type="rope",
-    add_bias_linear=False,
-    attention_dropout=0.0,
-    hidden_dropout=0.0,
-    make_vocab_size_divisible_by=4,
-)
+LLAMA = dict(hidden_size=64, ffn_hidden_size=96, make_vocab_size_divisible_by=4)
 PROMPTS = [[5, 17, 42, 8, 99, 3, 61, 20, 7], [11, 2, 73]]
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=4)
 SCORED = SamplingParams(temperature=0.0, ignore_eos=True, num_tokens_to_generate=4, prompt_logprobs=True)
 
 
 def build_model(groups, seed, tp=1, vocab=VOCAB, **overrides):
-    config = TransformerConfig(tensor_model_parallel_size=tp, **(LLAMA | overrides))
+    config = tiny_llama_config(tensor_model_parallel_size=tp, **(LLAMA | overrides))
     torch.manual_seed(seed)
     return GPTModel(config, vocab, pg_collection=groups).eval()
 

@@ -24,7 +24,7 @@ from mcore_models.debug.grad_logger import DataGradientLogger
 from mcore_models.hf.checkpoint import export_hf_checkpoint, hf_to_transformer_config, import_hf_checkpoint
 from mcore_models.hf.mapping import HFMapping
 from mcore_models.hf.registry import HF_MAPPINGS
-from mcore_models.hf.sharding import gather_full_tensor, shard_full_tensor
+from mcore_models.hf.sharding import gather_full_tensor, shard_full_tensor, state_tensors
 from mcore_models.models.gpt.embedding import LanguageModelEmbedding
 from mcore_models.models.gpt.model import GPTModel
 from mcore_models.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -111,4 +111,5 @@ __all__ = [
     "shard_full_tensor",
     "split_batch",
     "split_sequence",
+    "state_tensors",
 ]

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from mcore_api import experimental_api
 from mcore_inference import DynamicInferenceEngine
-from mcore_models import gather_full_tensor, shard_full_tensor
+from mcore_models import gather_full_tensor, shard_full_tensor, state_tensors
 
 
 @experimental_api
@@ -32,14 +32,6 @@ def _tp_group(model: torch.nn.Module) -> dist.ProcessGroup | None:
     """The model's tensor-parallel group when it has more than one rank, else ``None``."""
     group = getattr(model, "tp_group", None)
     return group if group is not None and dist.get_world_size(group) > 1 else None
-
-
-def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters (tied ones under each name) and persistent buffers, by name."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    persistent = model.state_dict(keep_vars=True)
-    tensors.update({n: b for n, b in model.named_buffers(remove_duplicate=False) if n in persistent})
-    return tensors
 
 
 def _full_shape(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> tuple[int, ...]:
@@ -68,7 +60,7 @@ def _vocab_rows(trainer: torch.nn.Module, engine_model: torch.nn.Module, source,
 def _plan(trainer: torch.nn.Module, engine_model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The engine's tensor for each of the trainer's, by name; ``RefitMismatchError`` naming the
     first tensor one model lacks or whose full shape differs."""
-    source, target = _named_tensors(trainer), _named_tensors(engine_model)
+    source, target = state_tensors(trainer), state_tensors(engine_model)
     missing, unexpected = sorted(set(source) - set(target)), sorted(set(target) - set(source))
     if missing or unexpected:
         raise RefitMismatchError(
@@ -130,7 +122,7 @@ def _copy(
     """Gather each trainer tensor (one at a time) and copy it into the engine's in ``targets``."""
     group = _tp_group(trainer)
     with torch.no_grad():
-        for name, source in _named_tensors(trainer).items():
+        for name, source in state_tensors(trainer).items():
             full = source.detach() if group is None else gather_full_tensor(source, group)
             if targets is not None:
                 targets[name].copy_(_engine_tensor(full, targets[name], engine_model))

@@ -16,7 +16,10 @@ from mcore_api import experimental_api
 from ..ssm.block_sharding import blockwise_shard, blockwise_unshard
 
 
-def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+@experimental_api
+def state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s parameters (a tied one under each of its names) and persistent buffers, by
+    state-dict name: the tensors a full state dict is made of."""
     tensors = dict(model.named_parameters(remove_duplicate=False))
     persistent = model.state_dict(keep_vars=True)
     tensors.update({n: b for n, b in model.named_buffers(remove_duplicate=False) if n in persistent})
@@ -48,7 +51,7 @@ def load_full_state_dict(
         ValueError: a shard's shape differs from the parameter's.
     """
     rank, world_size = dist.get_rank(tp_group), dist.get_world_size(tp_group)
-    tensors = _named_tensors(model)
+    tensors = state_tensors(model)
     missing = sorted(set(tensors) - set(full_state))
     unexpected = sorted(set(full_state) - set(tensors))
     if missing or unexpected:
@@ -88,4 +91,4 @@ def gather_full_tensor(
 
 def gather_full_state_dict(model: torch.nn.Module, tp_group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
     """The TP=1 state dict of ``model`` on every rank of ``tp_group`` (collective)."""
-    return {name: gather_full_tensor(t, tp_group) for name, t in _named_tensors(model).items()}
+    return {name: gather_full_tensor(t, tp_group) for name, t in state_tensors(model).items()}

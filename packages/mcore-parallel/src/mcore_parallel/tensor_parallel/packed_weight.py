@@ -49,6 +49,8 @@ WIDENED_DTYPES = (torch.bfloat16, torch.float16)
 
 PackingLayout = Literal["auto", "onednn", "float32"]
 
+_LAYOUT_DTYPES = {"onednn": PACKED_DTYPES, "float32": WIDENED_DTYPES}
+
 _BATCH_SIZE_HINT = 32  # the row count oneDNN tunes its blocked layout for; decode batches are near it
 _EXACT_ROWS = 64  # row counts up to this one (decode batches) run unpadded
 _STEPS_PER_POWER_OF_TWO = 32  # a padded count is a multiple of this fraction of the power of two above it
@@ -82,7 +84,6 @@ class PackedLinearWeight:
         if layout not in ("onednn", "float32"):
             raise ValueError(f"layout must be 'onednn' or 'float32', got {layout!r}")
         self.layout = layout
-        self._dtypes = PACKED_DTYPES if layout == "onednn" else WIDENED_DTYPES
         self._weight: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
         self._key: tuple | None = None
@@ -94,7 +95,7 @@ class PackedLinearWeight:
             and x.device.type == "cpu"
             and weight.device.type == "cpu"
             and x.dtype == weight.dtype
-            and weight.dtype in self._dtypes
+            and weight.dtype in _LAYOUT_DTYPES[self.layout]
             and not weight.is_inference()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         )
