@@ -1,7 +1,9 @@
 """Checkpoint and resume of the whole RL state: a loop resumed after iteration 2 (from a policy
 with other initial weights) runs iteration 3 exactly as the uninterrupted loop does: the same
-rollouts, rewards, loss, weights, Adam state, reference and prompt position. Missing or mismatched
-checkpoints are refused with ``CheckpointError`` naming the path."""
+rollouts, rewards, loss, weights, Adam state, reference and prompt position; with the optimizer
+state offloaded (on a CPU-only machine the offloaded state is the parameters' own: nothing
+moves, the option's plumbing and resume are what is checked) and two optimizer steps per
+iteration. Missing or mismatched checkpoints are refused with ``CheckpointError`` naming the path."""
 
 import sys
 from pathlib import Path
@@ -16,13 +18,16 @@ from test_loop import build_loop
 SAME = ("train_reward", "trained_sequences", "trained_tokens", "loss", "grad_norm", "kl", "weight_version")
 
 
+OPTIONS = dict(beta=0.05, optimizer_cpu_offload=True, minibatches=2)
+
+
 def _resume(directory):
-    uninterrupted = build_loop(beta=0.05, seed=0)
+    uninterrupted = build_loop(seed=0, **OPTIONS)
     uninterrupted.step()
     uninterrupted.step()
     save_checkpoint(uninterrupted, directory)
     expected = uninterrupted.step()
-    resumed = build_loop(beta=0.05, seed=7)  # other initial weights: everything must come from the file
+    resumed = build_loop(seed=7, **OPTIONS)  # other initial weights: everything must come from the file
     start = load_checkpoint(resumed, directory)
     got = resumed.step()
     weights = all(
@@ -36,6 +41,8 @@ def _resume(directory):
         weights=weights,
         position=(uninterrupted.prompts.position, resumed.prompts.position),
         history=(len(uninterrupted.history), len(resumed.history)),
+        offloaded=resumed.optimizer.offloaded_numel == sum(p.numel() for p in resumed.policy.parameters()),
+        steps=(expected["optimizer_steps"], resumed.optimizer.step_count),
     )
 
 
@@ -46,7 +53,8 @@ def test_resume_gives_the_same_next_iteration(run_distributed, tmp_path):
     expected, got = result["expected"], result["got"]
     for key in SAME[:-1]:
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-7), key
-    assert result["weights"]
+    assert result["weights"] and result["offloaded"]
+    assert result["steps"] == (2, 6)
     assert result["position"][0] == result["position"][1] == 3 * 4
     assert result["history"] == (3, 3)
 

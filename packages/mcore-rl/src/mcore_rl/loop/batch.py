@@ -18,18 +18,20 @@ from ..packing import TrainingSequence
 class RolloutBatch:
     """``sequences`` to train on; ``rewards`` of every scored rollout; ``errors`` of the failed
     ones (why scoring failed); ``skipped_groups``: prompts with fewer than two scored completions
-    or filtered for zero reward variance, which give no sequence."""
+    or filtered for zero reward variance, which give no sequence; ``group_sizes``: how many
+    consecutive ``sequences`` each trained prompt gave, in order."""
 
     sequences: list[TrainingSequence]
     rewards: list[float]
     errors: list[str]
     skipped_groups: int
+    group_sizes: list[int]
 
 
 def rollout_batch(groups: Sequence[RolloutGroup], config: GRPOLossConfig) -> RolloutBatch:
     """The training sequences of ``groups``: each prompt's scored completions with their
     advantages among themselves (``group_advantages`` of ``config``)."""
-    sequences, rewards, errors, skipped = [], [], [], 0
+    sequences, rewards, errors, skipped, sizes = [], [], [], 0, []
     for group in groups:
         scored = [r for r in group.rollouts if not r.failed]
         errors += [r.error for r in group.rollouts if r.failed]
@@ -41,8 +43,9 @@ def rollout_batch(groups: Sequence[RolloutGroup], config: GRPOLossConfig) -> Rol
         if not bool(advantages.keep.all()):
             skipped += 1
             continue
+        sizes.append(len(scored))
         for rollout, advantage in zip(scored, advantages.advantages[0].tolist(), strict=True):
             sequences.append(
                 TrainingSequence(rollout.prompt_ids, rollout.completion_ids, rollout.logprobs, advantage)
             )
-    return RolloutBatch(sequences, rewards, errors, skipped)
+    return RolloutBatch(sequences, rewards, errors, skipped, sizes)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from mcore_api import experimental_api
 
 from ..refit import refit
@@ -65,12 +66,17 @@ def restore_loop_state(loop: GRPOLoop, state: dict[str, Any]) -> None:
 @experimental_api
 def save_checkpoint(loop: GRPOLoop, directory: str | os.PathLike) -> Path:
     """Write ``loop``'s whole RL state to ``directory/rl_state.pt`` (atomically: a failed save
-    leaves the previous checkpoint); returns the file's path."""
+    leaves the previous checkpoint); returns the file's path. Collective over the process
+    group: every rank gathers the state (a distributed optimizer's shards), rank 0 writes it,
+    the others wait for the file."""
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
+    state = loop_state(loop)
     target, partial = path / STATE_FILE, path / (STATE_FILE + ".partial")
-    torch.save(loop_state(loop), partial)
-    os.replace(partial, target)
+    if dist.get_rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(state, partial)
+        os.replace(partial, target)
+    dist.barrier()
     return target
 
 

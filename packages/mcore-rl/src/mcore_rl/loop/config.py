@@ -79,16 +79,28 @@ class WarmupConfig:
 class GRPOLoopConfig:
     """GRPO: rollouts through the inference engine, group-normalised advantages, clipped policy loss."""
 
-    iterations: int = config_field(60, minimum=1, help="RL iterations (one optimizer step each).")
+    iterations: int = config_field(
+        60, minimum=1, help="RL iterations (rollouts, then `minibatches` optimizer steps)."
+    )
     prompts_per_iteration: int = config_field(32, minimum=1, help="Training prompts per iteration.")
     group_size: int = config_field(8, minimum=2, help="Completions sampled per prompt.")
     max_tokens: int = config_field(8, minimum=1, help="Most tokens per completion.")
     temperature: float = config_field(1.0, minimum=0.01, help="Sampling temperature of the rollouts.")
+    minibatches: int = config_field(
+        1,
+        minimum=1,
+        help="Optimizer steps per iteration, each on a consecutive share of the prompt groups "
+        "(the later ones off-policy: the clipped ratio against the rollouts' log-probs).",
+    )
     lr: float = config_field(1e-4, minimum=0.0, help="Learning rate of the policy (Adam).")
     lr_warmup_iterations: int = config_field(
         10, minimum=0, help="Iterations over which the learning rate rises linearly to lr."
     )
     clip_grad: float = config_field(1.0, minimum=0.0, help="Clip the gradient norm to this (0: off).")
+    distributed_optimizer: bool = config_field(
+        False,
+        help="Shard the optimizer state over the data-parallel ranks (mcore-parallel's DistributedOptimizer).",
+    )
     optimizer_cpu_offload: bool = config_field(
         False, help="Keep the optimizer's float32 main weights and Adam state on the CPU."
     )

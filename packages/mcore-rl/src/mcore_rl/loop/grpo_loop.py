@@ -14,15 +14,16 @@ import torch.distributed as dist
 from mcore_api import experimental_api
 from mcore_inference import DynamicInferenceEngine
 from mcore_models import GPTModel
-from mcore_models.training import LocalOptimizer
+from mcore_models.training import build_optimizer
 from mcore_parallel import DistributedDataParallel, DistributedDataParallelConfig, ProcessGroupCollection
 
-from ..agents.agent import RewardOnlyAgent
+from ..agents.agent import RewardOnlyAgent, TaskExample
 from ..agents.evaluation import evaluate
 from ..agents.generators import grouped_rollouts
+from ..agents.rollout import RolloutGroup
 from ..inference.engine_handle import EngineHandle
 from ..inference.vocab import check_vocabulary
-from ..packing import PackedBin, label_logprobs, pack_sequences, packed_grpo_loss
+from ..packing import PackedBin, TrainingSequence, label_logprobs, pack_sequences, packed_grpo_loss
 from ..refit import refit
 from .batch import RolloutBatch, rollout_batch
 from .config import GRPOLoopConfig
@@ -33,10 +34,13 @@ PHASES = ("generation", "reference", "training", "refit")
 
 
 def _frozen_copy(model: GPTModel, groups: ProcessGroupCollection) -> GPTModel:
-    """An eval-mode copy of ``model`` without gradients, on the same process groups."""
+    """An eval-mode copy of ``model`` without gradients, on the same process groups, its
+    parameters tagged as the originals (tensor-parallel split, ...: a deep copy drops the tags)."""
     shared = [dist.group.WORLD, *(getattr(groups, f.name) for f in dataclasses.fields(groups))]
     shared += [v for m in model.modules() for v in vars(m).values() if isinstance(v, dist.ProcessGroup)]
     frozen = copy.deepcopy(model, {id(g): g for g in shared if g is not None}).eval()
+    for original, copied in zip(model.parameters(), frozen.parameters(), strict=True):
+        vars(copied).update(vars(original))
     frozen.requires_grad_(False)
     return frozen
 
@@ -66,16 +70,19 @@ class GRPOLoop:
     """GRPO on ``policy`` (a float32 ``GPTModel``, one process or data-parallel ranks of
     ``groups``) with the prompts and rewards of ``agent``, text through ``tokenizer``.
 
-    It owns: the policy wrapped in mcore-parallel's ``DistributedDataParallel`` with
-    mcore-models' ``LocalOptimizer`` (Adam; ``config.optimizer_cpu_offload`` keeps its state on
-    the CPU); a ``DynamicInferenceEngine`` over a copy of the policy (``engine_options``: its
+    It owns: the policy wrapped in mcore-parallel's ``DistributedDataParallel`` with Adam,
+    mcore-models' ``LocalOptimizer`` or, with ``config.distributed_optimizer``, mcore-parallel's
+    ``DistributedOptimizer`` (each data-parallel rank keeps a shard of the optimizer state);
+    ``config.optimizer_cpu_offload`` keeps the optimizer state on the CPU; a ``DynamicInferenceEngine`` over a copy of the policy (``engine_options``: its
     context's keywords, default sized for one iteration's rollouts); a frozen copy of the
     initial policy as the KL reference when ``config.beta > 0`` (none otherwise).
 
     ``step()`` runs one iteration: the next training prompts through the engine
     (``grouped_rollouts``, ``group_size`` samples each, seeded by ``config.seed`` and the
-    iteration), the engine's KV cache suspended, advantages per prompt, the rollouts packed into
-    bins, the reference's log-probs, one optimizer step on ``packed_grpo_loss``, the new weights
+    iteration; each data-parallel rank samples and scores a share of the prompts, then the groups
+    are gathered), the engine's KV cache suspended, advantages per prompt, then
+    ``config.minibatches`` optimizer steps, each on a share of the groups: its rollouts packed
+    into bins, the reference's log-probs, a step on ``packed_grpo_loss``; then the new weights
     refit into the engine, its cache resumed. A rollout whose reward failed is left out, counted
     and its error kept. ``evaluate()``: greedy held-out reward and accuracy; ``baseline``: the
     one before the first iteration. ``state_dict()`` / ``load_state_dict()``: the whole RL state
@@ -104,13 +111,14 @@ class GRPOLoop:
         check_vocabulary(tokenizer, policy.vocab_size, "the policy model")
         self.agent, self.tokenizer, self.config, self.groups = agent, tokenizer, config, groups
         self.loss_config = config.loss_config()
-        self.model = DistributedDataParallel(policy, DistributedDataParallelConfig(), groups.dp)
-        self.optimizer = LocalOptimizer(self.model, config.optimizer_config(), groups)
         self.reference = _frozen_copy(policy, groups) if config.beta > 0 else None
         options = _engine_options(config, policy) | (engine_options or {})
         self.engine = DynamicInferenceEngine(
             _frozen_copy(policy, groups), tokenizer=tokenizer, freeze_gc=False, **options
-        )
+        )  # the copies are made before DDP gives the policy's parameters their gradient buffers
+        ddp = DistributedDataParallelConfig(use_distributed_optimizer=config.distributed_optimizer)
+        self.model = DistributedDataParallel(policy, ddp, groups.dp)
+        self.optimizer = build_optimizer(self.model, config.optimizer_config(), groups)
         self.handle = EngineHandle(self.engine)
         self.prompts = PromptStream(agent, config.seed)
         self.iteration = 0
@@ -137,32 +145,43 @@ class GRPOLoop:
         iteration, config, times = self.iteration + 1, self.config, {}
         with _timed(times, "generation"):
             self.engine.resume()
-            tasks = self.prompts.take(config.prompts_per_iteration)
-            groups = grouped_rollouts(
-                self.handle,
-                tasks,
-                config.group_size,
-                max_tokens=config.max_tokens,
-                temperature=config.temperature,
-                seed=self.sampling_seed(iteration),
-            )
+            groups = self._rollouts(self.prompts.take(config.prompts_per_iteration), iteration)
             self.engine.suspend()  # the KV cache is free while the policy trains
         batch = rollout_batch(groups, self.loss_config)
-        bins, sizes = self._pack(batch)
-        with _timed(times, "reference"):
-            ref = [self._reference_logprobs(b) for b in bins] if self.reference is not None else None
-        with _timed(times, "training"):
-            train = self._train(bins, sizes, ref)
+        steps = [self._train_minibatch(sequences, times) for sequences in self._minibatches(batch)]
         with _timed(times, "refit"):
             version = refit(self.policy, self.engine)
             self.engine.resume()
         self.iteration = iteration
-        record = {"iteration": iteration, **_reward_record(batch), **train, "weight_version": version}
+        record = {"iteration": iteration, **_reward_record(batch), **_mean_record(steps)}
+        record["weight_version"] = version
         record |= {f"time_{phase}": times[phase] for phase in PHASES}
         if evaluate_after:
             record |= {f"heldout_{k}": v for k, v in self.evaluate().items()}
         self.history.append(record)
         return record
+
+    def _rollouts(self, tasks: list[TaskExample], iteration: int) -> list[RolloutGroup]:
+        """The scored groups of ``tasks``, in order, every rank's: each data-parallel rank
+        generates and scores a consecutive share of the prompts; the groups are then gathered.
+        A sample's seed depends on its prompt's iteration and sample number only, so the groups
+        are the same for any number of ranks."""
+        config, rank, ranks = self.config, dist.get_rank(self.groups.dp), self.dp_size
+        start, end = rank * len(tasks) // ranks, (rank + 1) * len(tasks) // ranks
+        sampling = dict(
+            max_tokens=config.max_tokens, temperature=config.temperature, seed=self.sampling_seed(iteration)
+        )
+        mine = (
+            grouped_rollouts(self.handle, tasks[start:end], config.group_size, **sampling)
+            if end > start
+            else []
+        )
+        mine = [_renumbered(group, start + group.group_id) for group in mine]
+        if ranks == 1:
+            return mine
+        shares: list[list[RolloutGroup] | None] = [None] * ranks
+        dist.all_gather_object(shares, mine, group=self.groups.dp)
+        return [group for share in shares for group in share]
 
     def evaluate(self) -> dict[str, float]:
         """The held-out prompts (``config.eval_prompts`` of them, default all): ``reward``, the
@@ -189,12 +208,34 @@ class GRPOLoop:
             "failed": sampled.num_failed + greedy.num_failed,
         }
 
-    def _pack(self, batch: RolloutBatch) -> tuple[tuple[PackedBin, ...], tuple[int, int]]:
-        """This data-parallel rank's bins and the global batch's (sequences, tokens)."""
-        if not batch.sequences:
+    def _minibatches(self, batch: RolloutBatch) -> list[list[TrainingSequence]]:
+        """``batch``'s sequences in ``config.minibatches`` consecutive runs of whole prompt groups
+        (as even in groups as they divide), one optimizer step each; empty runs are dropped, and a
+        batch without sequences gives one empty run (a step that trains nothing)."""
+        groups = batch.group_sizes
+        count = min(self.config.minibatches, max(len(groups), 1))
+        runs, start = [], 0
+        for part in range(count):
+            members = groups[part * len(groups) // count : (part + 1) * len(groups) // count]
+            runs.append(batch.sequences[start : start + sum(members)])
+            start += sum(members)
+        return [run for run in runs if run] or [[]]
+
+    def _train_minibatch(
+        self, sequences: list[TrainingSequence], times: dict[str, float]
+    ) -> dict[str, float]:
+        bins, sizes = self._pack(sequences)
+        with _timed(times, "reference"):
+            ref = [self._reference_logprobs(b) for b in bins] if self.reference is not None else None
+        with _timed(times, "training"):
+            return self._train(bins, sizes, ref)
+
+    def _pack(self, sequences: list[TrainingSequence]) -> tuple[tuple[PackedBin, ...], tuple[int, int]]:
+        """This data-parallel rank's bins of ``sequences`` and their (sequences, tokens)."""
+        if not sequences:
             return (), (0, 0)
         packed = pack_sequences(
-            batch.sequences,
+            sequences,
             self.config.bin_length,
             data_parallel_size=self.dp_size,
             pad_token_id=self.tokenizer.pad_id if hasattr(self.tokenizer, "pad_id") else 0,
@@ -253,6 +294,19 @@ class GRPOLoop:
         return record | ({"kl": kl} if self.reference is not None else {})
 
 
+def _renumbered(group: RolloutGroup, group_id: int) -> RolloutGroup:
+    """``group`` and its rollouts with ``group_id`` (their prompt's position in the whole batch)."""
+    rollouts = [dataclasses.replace(r, group_id=group_id) for r in group.rollouts]
+    return dataclasses.replace(group, group_id=group_id, rollouts=rollouts)
+
+
+def _mean_record(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The optimizer steps' records averaged (sequence and token counts summed), and their number."""
+    summed = ("trained_sequences", "trained_tokens")
+    record = {k: sum(s[k] for s in steps) / (1 if k in summed else len(steps)) for k in steps[0]}
+    return record | {"optimizer_steps": sum(s["trained_sequences"] > 0 for s in steps)}
+
+
 def _reward_record(batch: RolloutBatch) -> dict[str, Any]:
     """The rollouts' mean reward and accuracy, and their failures."""
     rewards = batch.rewards
@@ -271,4 +325,4 @@ def _timed(times: dict[str, float], phase: str):
     try:
         yield
     finally:
-        times[phase] = time.perf_counter() - began
+        times[phase] = times.get(phase, 0.0) + time.perf_counter() - began
