@@ -44,6 +44,11 @@ def test_splits_are_deterministic_disjoint_and_sized():
     again = AdditionAgent(300, 50, min_digits=2, max_digits=3, seed=4)
     assert again.get_dataset("train") == train and again.evaluation_prompts() == test
     assert AdditionAgent(300, 50, min_digits=2, max_digits=3, seed=5).get_dataset("train") != train
+    assert agent.get_dataset("warmup") == []
+    with_warmup = AdditionAgent(300, 50, num_warmup=80, min_digits=2, max_digits=3, seed=4)
+    warmup = with_warmup.get_dataset("warmup")
+    assert len(set(warmup)) == 80 and not set(warmup) & (set(train) | set(test))
+    assert with_warmup.get_dataset("train") == train and with_warmup.get_dataset("test") == test
     example = train[0]
     assert agent.get_prompt(example) == f"{example.a}+{example.b}=" and example.answer == str(
         example.a + example.b
@@ -59,3 +64,7 @@ def test_bad_arguments_are_refused():
         AdditionAgent(10, 10, min_digits=3, max_digits=2)
     with pytest.raises(ValueError, match="only 100; ask for at most half"):
         AdditionAgent(40, 20, min_digits=1, max_digits=1)
+    with pytest.raises(ValueError, match="num_train \\+ num_test \\+ num_warmup: 60 distinct sums asked"):
+        AdditionAgent(20, 20, num_warmup=20, min_digits=1, max_digits=1)
+    with pytest.raises(ValueError, match="num_warmup: must be an int >= 0"):
+        AdditionAgent(10, 10, num_warmup=-1)

@@ -80,6 +80,10 @@ def test_a_tiny_run_writes_its_report_and_plot_and_resumes(run_distributed, tmp_
         (["--group-size", "1"], "group_size: must be >= 2, got 1"),
         (["--min-digits", "3", "--max-digits", "2"], "min_digits, max_digits: need min_digits <= max_digits"),
         (["--load", "/nonexistent/ckpt"], "/nonexistent/ckpt/rl_state.pt: no RL checkpoint there"),
+        (
+            ["--bin-length", "64", "--max-sequence-length", "65"],
+            "max_sequence_length, bin_length: a sequence must fit in a bin",
+        ),
     ],
 )
 def test_bad_values_exit_naming_the_field(run_distributed, tmp_path, argv, message):

@@ -10,7 +10,7 @@ from mcore_api import experimental_api
 
 from .agent import RewardOnlyAgent
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "warmup")
 
 
 @experimental_api
@@ -34,8 +34,10 @@ class AdditionExample:
 
 @experimental_api
 class AdditionAgent(RewardOnlyAgent):
-    """Multi-digit addition: ``num_train`` and ``num_test`` distinct sums (no pair ``(a, b)`` in
-    both splits), each operand drawn with a digit count uniform in ``[min_digits, max_digits]``,
+    """Multi-digit addition: ``num_train``, ``num_test`` and ``num_warmup`` distinct sums (the
+    ``"train"``, ``"test"`` and ``"warmup"`` splits: no pair ``(a, b)`` in two of them; the
+    warm-up split is for supervised training before RL, so that RL's prompts are sums the
+    policy was not taught), each operand drawn with a digit count uniform in ``[min_digits, max_digits]``,
     then a number of that many digits uniformly; the same ``seed`` gives the same splits.
 
     The reward reads the completion's leading digits (after leading spaces) up to the first
@@ -51,6 +53,7 @@ class AdditionAgent(RewardOnlyAgent):
         num_train: int = 2000,
         num_test: int = 200,
         *,
+        num_warmup: int = 0,
         min_digits: int = 1,
         max_digits: int = 3,
         seed: int = 0,
@@ -59,6 +62,7 @@ class AdditionAgent(RewardOnlyAgent):
         for field, value, low in (
             ("num_train", num_train, 0),
             ("num_test", num_test, 0),
+            ("num_warmup", num_warmup, 0),
             ("min_digits", min_digits, 1),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -72,14 +76,20 @@ class AdditionAgent(RewardOnlyAgent):
                 f"max_digits: must be an int in [min_digits={min_digits}, 18], got {max_digits!r}"
             )
         numbers = 10**max_digits - (10 ** (min_digits - 1) if min_digits > 1 else 0)
-        if num_train + num_test > numbers**2 // 2:
+        total = num_train + num_test + num_warmup
+        if total > numbers**2 // 2:
             raise ValueError(
-                f"num_train + num_test: {num_train + num_test} distinct sums asked, but operands of "
+                f"num_train + num_test + num_warmup: {total} distinct sums asked, but operands of "
                 f"{min_digits}-{max_digits} digits give only {numbers**2}; ask for at most half of them"
             )
         self.min_digits, self.max_digits, self.partial_credit = min_digits, max_digits, partial_credit
-        pairs = self._distinct_pairs(num_train + num_test, random.Random(seed))
-        self._splits = {"train": pairs[:num_train], "test": pairs[num_train:]}
+        pairs = self._distinct_pairs(total, random.Random(seed))
+        test_end = num_train + num_test
+        self._splits = {
+            "train": pairs[:num_train],
+            "test": pairs[num_train:test_end],
+            "warmup": pairs[test_end:],
+        }
 
     def _distinct_pairs(self, count: int, rng: random.Random) -> list[AdditionExample]:
         seen: dict[AdditionExample, None] = {}
@@ -92,7 +102,7 @@ class AdditionAgent(RewardOnlyAgent):
         return rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
 
     def get_dataset(self, split: str) -> Sequence[AdditionExample]:
-        """The examples of ``"train"`` or ``"test"`` (``ValueError`` for another split)."""
+        """The examples of ``"train"``, ``"test"`` or ``"warmup"`` (``ValueError`` for another split)."""
         if split not in self._splits:
             raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
         return self._splits[split]

@@ -20,7 +20,13 @@ class AdditionTaskConfig:
 
     min_digits: int = config_field(1, minimum=1, help="Fewest digits of an operand.")
     max_digits: int = config_field(2, minimum=1, help="Most digits of an operand.")
-    num_train: int = config_field(3000, minimum=1, help="Sums in the training split (SFT and RL prompts).")
+    num_train: int = config_field(2000, minimum=1, help="Sums in the training split (the RL prompts).")
+    num_warmup: int = config_field(
+        2000,
+        minimum=0,
+        help="Sums of the supervised warm-up, none among the RL prompts or the held-out sums "
+        "(0: the warm-up trains on the RL prompts' sums).",
+    )
     num_test: int = config_field(
         200, minimum=1, help="Held-out sums (evaluation), none shared with training."
     )
@@ -43,9 +49,9 @@ class PolicyConfig:
     """Policy: a small Llama-style GPTModel (RMSNorm, SwiGLU, RoPE), trained in float32."""
 
     num_layers: int = config_field(2, minimum=1, help="Transformer layers.")
-    hidden_size: int = config_field(64, minimum=1, help="Width of the residual stream.")
+    hidden_size: int = config_field(128, minimum=1, help="Width of the residual stream.")
     num_attention_heads: int = config_field(4, minimum=1, help="Attention heads.")
-    ffn_hidden_size: int = config_field(192, minimum=1, help="Width of the MLP's hidden layer.")
+    ffn_hidden_size: int = config_field(384, minimum=1, help="Width of the MLP's hidden layer.")
     model_seed: int = config_field(1234, minimum=0, help="Seed of the initial weights.")
 
     def transformer_config(self) -> TransformerConfig:
@@ -71,7 +77,7 @@ class WarmupConfig:
 
     sft_steps: int = config_field(800, minimum=0, help="Supervised steps (0: none).")
     sft_batch_size: int = config_field(32, minimum=1, help="Sums per supervised step.")
-    sft_lr: float = config_field(3e-3, minimum=0.0, help="Learning rate of the supervised run (AdamW).")
+    sft_lr: float = config_field(1e-3, minimum=0.0, help="Learning rate of the supervised run (AdamW).")
 
 
 @experimental_api
@@ -114,9 +120,19 @@ class GRPOLoopConfig:
         "token_mean", help="How the loss averages over tokens."
     )
     scale_rewards: Literal["group", "none"] = config_field(
-        "group", help="Divide advantages by the group's reward std ('group') or not ('none')."
+        "none", help="Divide advantages by the group's reward std ('group') or not ('none': Dr. GRPO)."
     )
-    bin_length: int = config_field(128, minimum=2, help="Tokens per packed training bin.")
+    bin_length: int = config_field(
+        128,
+        minimum=2,
+        help="Tokens per packed training bin (one forward and backward each: with longer sequences, "
+        "longer bins are faster; packed attention costs the square of the bin's length).",
+    )
+    max_sequence_length: int = config_field(
+        128,
+        minimum=2,
+        help="Most tokens of a prompt and its completion: the inference engine's context (at most bin_length).",
+    )
     eval_interval: int = config_field(
         10, minimum=0, help="Evaluate on held-out prompts every this many iterations (0: only at the end)."
     )
@@ -127,6 +143,14 @@ class GRPOLoopConfig:
         4, minimum=1, help="Sampled completions per held-out prompt for the held-out reward."
     )
     seed: int = config_field(0, minimum=0, help="Seed of the prompt order and of the rollouts' sampling.")
+
+    def __post_init__(self) -> None:
+        if self.max_sequence_length > self.bin_length:
+            raise ConfigError(
+                ["max_sequence_length", "bin_length"],
+                f"a sequence must fit in a bin: need max_sequence_length <= bin_length, got "
+                f"{self.max_sequence_length} and {self.bin_length}",
+            )
 
     def loss_config(self) -> GRPOLossConfig:
         """The ``GRPOLossConfig`` of these settings."""

@@ -45,6 +45,7 @@ def addition_agent(configs: RLConfigs) -> AdditionAgent:
     return AdditionAgent(
         task.num_train,
         task.num_test,
+        num_warmup=task.num_warmup,
         min_digits=task.min_digits,
         max_digits=task.max_digits,
         seed=task.task_seed,
@@ -69,7 +70,13 @@ def _warm_up(
             bar.update(1)
 
         return supervised_warmup(
-            policy, agent, tokenizer, configs.warmup, seed=configs.grpo.seed, on_step=on_step
+            policy,
+            agent,
+            tokenizer,
+            configs.warmup,
+            seed=configs.grpo.seed,
+            on_step=on_step,
+            split="warmup" if configs.task.num_warmup else "train",
         )
 
 

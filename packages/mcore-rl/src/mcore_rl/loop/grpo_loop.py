@@ -51,16 +51,16 @@ def _tp_group(model: GPTModel) -> dist.ProcessGroup | None:
 
 
 def _engine_options(config: GRPOLoopConfig, model: GPTModel) -> dict[str, Any]:
-    """A KV cache that holds every rollout of an iteration at once, sequences up to a bin."""
+    """A KV cache that holds every rollout of an iteration at once, each up to ``max_sequence_length``."""
     block_size, requests = 16, config.prompts_per_iteration * config.group_size
     spec = model.kv_cache_spec
     bytes_per_block = 2 * len(spec.layer_numbers) * block_size * spec.num_kv_heads * spec.head_dim * 4
-    blocks = requests * math.ceil(config.bin_length / block_size) + 1
+    blocks = requests * math.ceil(config.max_sequence_length / block_size) + 1
     return dict(
         block_size=block_size,
         max_requests=requests,
-        max_tokens=max(512, config.bin_length),
-        max_sequence_length=config.bin_length,
+        max_tokens=max(512, config.max_sequence_length),
+        max_sequence_length=config.max_sequence_length,
         kv_cache_memory=blocks * bytes_per_block,
     )
 

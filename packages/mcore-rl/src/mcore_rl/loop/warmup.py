@@ -40,11 +40,15 @@ def supervised_warmup(
     *,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    split: str = "train",
 ) -> list[float]:
     """``config.sft_steps`` AdamW steps of cross entropy on the answers (and end token) of random
-    batches of ``agent``'s training split, the learning rate falling linearly to a tenth; returns
-    each step's loss (``on_step(step, loss)`` after each). Leaves ``model`` in eval mode."""
-    examples = list(agent.get_dataset("train"))
+    batches of ``agent``'s ``split``, the learning rate falling linearly to a tenth; returns
+    each step's loss (``on_step(step, loss)`` after each). Leaves ``model`` in eval mode.
+    ``ValueError`` when ``split`` has no examples and there are steps to take."""
+    examples = list(agent.get_dataset(split))
+    if not examples and config.sft_steps:
+        raise ValueError(f"split: the agent's {split!r} split has no examples to warm up on")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_lr, weight_decay=0.0)
     losses = []
