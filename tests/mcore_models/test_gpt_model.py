@@ -167,6 +167,43 @@ def test_packed_documents_equal_separate_forwards(how, run_distributed, model_pa
     assert unpacked_error > 1e-3  # without document boundaries the second document sees the first
 
 
+def test_rows_of_packed_documents_take_the_fused_path_and_equal_separate_forwards(
+    run_distributed, model_parallel
+):
+    """Vanilla causal attention (GQA, no window or sinks) over a batch of two packed rows with
+    different document boundaries goes through ``scaled_dot_product_attention`` with each row's
+    document mask, and equals each document's own forward."""
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    documents = [[(0, 5), (5, 12)], [(0, 3), (3, 12)]]
+
+    def body():
+        plain = dict(softmax_type="vanilla", window_size=None, window_attn_skip_freq=None)
+        model = _reference("llama-like", model_parallel(1), **plain).eval()
+        positions = torch.stack([torch.cat([torch.arange(b - a) for a, b in row]) for row in documents])
+        masked_calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+        def spy(*args, attn_mask=None, **kwargs):
+            masked_calls.append(attn_mask is not None)
+            return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+        torch.nn.functional.scaled_dot_product_attention = spy
+        with torch.no_grad():
+            packed = model(ids, position_ids=positions)
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+        with torch.no_grad():
+            separate = torch.stack(
+                [
+                    torch.cat([model(ids[r : r + 1, a:b])[0] for a, b in row])
+                    for r, row in enumerate(documents)
+                ]
+            )
+        return (packed - separate).abs().max().item(), masked_calls
+
+    ((error, masked_calls),) = run_distributed(body, 1)
+    assert error <= 1e-5
+    assert masked_calls == [True, True]  # both layers, fused with the document mask
+
+
 @pytest.mark.parametrize(
     "recompute",
     [

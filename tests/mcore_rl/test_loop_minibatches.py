@@ -1,5 +1,6 @@
 """``GRPOLoopConfig.minibatches``: an iteration's rollouts split into consecutive shares of whole
-prompt groups, one optimizer step each, the later steps off-policy. Oracle: the same rollouts
+prompt groups, one optimizer step each, the later steps off-policy; each share's packed bins
+stacked ``bins_per_forward`` to a forward. Oracle: the same rollouts
 trained by hand on a plain copy of the policy, each share unpacked (one forward per sequence),
 ``grpo_loss`` against the rollouts' sampling log-probs, ``torch.optim.Adam`` and
 ``clip_grad_norm_``."""
@@ -46,7 +47,14 @@ def _hand_steps(model, sequences, shares, loop):
 
 
 def _two_minibatches():
-    loop = build_loop(agent=LongAnswers(200, 20, max_digits=2), minibatches=2, clip_grad=0.5)
+    loop = build_loop(
+        agent=LongAnswers(200, 20, max_digits=2),
+        minibatches=2,
+        clip_grad=0.5,
+        bin_length=32,  # several bins per mini-batch, stacked two per forward
+        max_sequence_length=32,
+        bins_per_forward=2,
+    )
     model = GPTModel(TINY.transformer_config(), loop.policy.vocab_size, pg_collection=loop.groups)
     model.load_state_dict(loop.policy.state_dict())
     captured, rollouts = [], loop._rollouts

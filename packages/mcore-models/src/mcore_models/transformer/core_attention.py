@@ -119,6 +119,8 @@ class DotProductAttention(torch.nn.Module):
             return self.attend_cached(query[:, 0], key[:, 0], value[:, 0], inference_context).unsqueeze(1)
         if self._fused(attention_mask):
             mask = None if segment_ids is None else allowed_keys(s, segment_ids=segment_ids)
+            if mask is not None and b > 1:  # each row's documents, in the [1, b * heads] layout
+                mask = mask.expand(b, n, s, s).reshape(1, b * n, s, s)
             context = torch.nn.functional.scaled_dot_product_attention(
                 _batch_in_heads(query),
                 # Keys and values are read once per block of queries, faster from contiguous rows

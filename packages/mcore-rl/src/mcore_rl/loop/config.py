@@ -128,6 +128,11 @@ class GRPOLoopConfig:
         help="Tokens per packed training bin (one forward and backward each: with longer sequences, "
         "longer bins are faster; packed attention costs the square of the bin's length).",
     )
+    bins_per_forward: int = config_field(
+        16,
+        minimum=1,
+        help="Packed bins stacked in one forward and backward (more: fewer, larger passes, more activation memory).",
+    )
     max_sequence_length: int = config_field(
         128,
         minimum=2,

@@ -226,7 +226,7 @@ class GRPOLoop:
     ) -> dict[str, float]:
         bins, sizes = self._pack(sequences)
         with _timed(times, "reference"):
-            ref = [self._reference_logprobs(b) for b in bins] if self.reference is not None else None
+            ref = self._reference_logprobs(bins) if self.reference is not None else None
         with _timed(times, "training"):
             return self._train(bins, sizes, ref)
 
@@ -243,15 +243,21 @@ class GRPOLoop:
         rank = dist.get_rank(self.groups.dp)
         return packed.data_parallel_bins(rank), (packed.num_sequences, packed.num_tokens)
 
-    def _forward(self, model: torch.nn.Module, packed: PackedBin) -> torch.Tensor:
-        logits = model(
-            packed.tokens, position_ids=packed.position_ids, packed_seq_params=packed.packed_seq_params
-        )
-        return label_logprobs(logits, packed.labels, _tp_group(self.policy))
+    def _chunks(self, bins: tuple[PackedBin, ...]) -> list[tuple[PackedBin, ...]]:
+        """``bins`` in runs of ``config.bins_per_forward``, one forward and backward each."""
+        size = self.config.bins_per_forward
+        return [bins[start : start + size] for start in range(0, len(bins), size)]
 
-    def _reference_logprobs(self, packed: PackedBin) -> torch.Tensor:
+    def _forward(self, model: torch.nn.Module, bins: tuple[PackedBin, ...]) -> torch.Tensor:
+        """The label log-probs ``[len(bins), L]`` of ``bins`` stacked as rows of one batch (each
+        row's documents told apart by its position resets)."""
+        tokens = torch.cat([b.tokens for b in bins])
+        logits = model(tokens, position_ids=torch.cat([b.position_ids for b in bins]))
+        return label_logprobs(logits, torch.cat([b.labels for b in bins]), _tp_group(self.policy))
+
+    def _reference_logprobs(self, bins: tuple[PackedBin, ...]) -> list[torch.Tensor]:
         with torch.no_grad():
-            return self._forward(self.reference, packed)
+            return [row[None] for chunk in self._chunks(bins) for row in self._forward(self.reference, chunk)]
 
     def _train(
         self, bins: tuple[PackedBin, ...], sizes: tuple[int, int], ref: list[torch.Tensor] | None
@@ -267,23 +273,26 @@ class GRPOLoop:
                 self.config.lr * min(1.0, (self.iteration + 1) / warmup) if warmup else self.config.lr
             )
         self.optimizer.zero_grad()
-        loss, kl, clipped = 0.0, 0.0, 0.0
-        for index, packed in enumerate(bins):
-            result = packed_grpo_loss(
-                self._forward(self.model, packed),
-                packed,
-                self.loss_config,
-                num_sequences=num_sequences,
-                num_tokens=num_tokens,
-                ref_logp=None if ref is None else ref[index],
-            )
-            (result.loss * self.dp_size).backward()  # DDP averages the ranks' gradients
-            loss += float(result.loss.detach())
-            share = int(packed.loss_mask.sum()) / num_tokens
-            metrics = result.metrics
-            if metrics:
-                clipped += share * float(metrics["clip_fraction_low"] + metrics["clip_fraction_high"])
-                kl += share * float(metrics.get("kl_mean", 0.0))
+        loss, kl, clipped, index = 0.0, 0.0, 0.0, 0
+        for chunk in self._chunks(bins):
+            logp, chunk_loss = self._forward(self.model, chunk), 0.0
+            for row, packed in enumerate(chunk):
+                result = packed_grpo_loss(
+                    logp[row : row + 1],
+                    packed,
+                    self.loss_config,
+                    num_sequences=num_sequences,
+                    num_tokens=num_tokens,
+                    ref_logp=None if ref is None else ref[index],
+                )
+                chunk_loss, index = chunk_loss + result.loss, index + 1
+                share = int(packed.loss_mask.sum()) / num_tokens
+                metrics = result.metrics
+                if metrics:
+                    clipped += share * float(metrics["clip_fraction_low"] + metrics["clip_fraction_high"])
+                    kl += share * float(metrics.get("kl_mean", 0.0))
+            (chunk_loss * self.dp_size).backward()  # DDP averages the ranks' gradients
+            loss += float(chunk_loss.detach())
         grad_norm = float(self.optimizer.step())
         self.policy.eval()
         totals = torch.tensor([loss, kl, clipped], dtype=torch.float64)
