@@ -1,7 +1,8 @@
 """The ``mcore-serve`` command, run as a subprocess over loopback: a tiny Hugging Face model
-directory served by 2 data-parallel engine processes, queried with the unmodified ``openai``
-client (oracle: the same checkpoint's in-process engine, greedy, same prompt tokens), stopped by
-SIGTERM; with no MODEL_DIR, ``mcore-train``'s default output; and the ways it refuses to start."""
+directory, found with no MODEL_DIR where ``mcore-train`` writes by default, served by 2
+data-parallel engine processes, queried with the unmodified ``openai`` client (oracle: the same
+checkpoint's in-process engine, greedy, same prompt tokens), stopped by SIGTERM; and the ways it
+refuses to start."""
 
 import shutil
 import socket
@@ -35,28 +36,25 @@ def model_dir(tmp_path_factory):
     return write_tiny_hf_model(tmp_path_factory.mktemp("serve") / "tiny-llama")
 
 
-def test_two_engines_serve_the_openai_client_and_sigterm_stops_them(model_dir, run_distributed, tmp_path):
+def test_two_engines_serve_mcore_trains_default_output_and_sigterm_stops_them(
+    model_dir, run_distributed, tmp_path
+):
+    """With no MODEL_DIR: ``mcore-train``'s default output, named after its run directory (one
+    server start for both: the other tests here and in ``test_serve_*`` pass a MODEL_DIR)."""
     (((tokens, text),),) = run_distributed(
         in_process_greedy, 1, model_dir, [PROMPT], MAX_TOKENS, init_process_group=False
     )
     assert 0 not in tokens  # the text comparison below covers every token
+    shutil.copytree(model_dir, tmp_path / "mcore-train-output" / "checkpoints")
     port = find_free_port()
-    args = [
-        str(model_dir),
-        "--data-parallel-size",
-        "2",
-        "--api-key",
-        "k",
-        "--kv-cache-memory",
-        str(KV_CACHE_BYTES),
-    ]
+    args = ["--data-parallel-size", "2", "--api-key", "k", "--kv-cache-memory", str(KV_CACHE_BYTES)]
     process = start_serve(args, tmp_path, port)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=60)
-        assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+        assert [m.id for m in client.models.list().data] == ["checkpoints"]
         for _ in range(2):  # round robin: both engines answer, and answer the same
             completion = client.completions.create(
-                model="tiny-llama",
+                model="checkpoints",
                 prompt=PROMPT,
                 max_tokens=MAX_TOKENS,
                 temperature=0,
@@ -69,6 +67,7 @@ def test_two_engines_serve_the_openai_client_and_sigterm_stops_them(model_dir, r
         returncode, output = stop_serve(process)
     assert returncode == 0, output
     assert time.monotonic() - started < 30
+    assert "mcore-train-output/checkpoints" in output
     assert "engines ready 2/2" in output and "mcore-serve: stopped" in output
     with socket.socket() as probe:  # nothing listens on the port any more (closed connections may linger)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -84,19 +83,6 @@ def test_sigterm_while_the_engines_load_stops_everything(model_dir, tmp_path):
     assert returncode == 0, before + output
     assert "interrupted during start-up; stopped" in output
     assert time.monotonic() - started < 30
-
-
-def test_no_argument_serves_mcore_trains_default_output(model_dir, tmp_path):
-    shutil.copytree(model_dir, tmp_path / "mcore-train-output" / "checkpoints")
-    port = find_free_port()
-    process = start_serve(["--kv-cache-memory", str(KV_CACHE_BYTES)], tmp_path, port)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        assert [m.id for m in client.models.list().data] == ["checkpoints"]
-    finally:
-        returncode, output = stop_serve(process)
-    assert returncode == 0, output
-    assert "mcore-train-output/checkpoints" in output
 
 
 def test_no_argument_without_default_output_says_how_to_get_one(refused):

@@ -1,9 +1,10 @@
 """``mcore-serve --tensor-parallel-size 2`` as a subprocess over loopback: each engine is two
 processes splitting the tiny Hugging Face Llama of ``serve_process``; the unmodified ``openai``
 client gets the greedy completions of the same checkpoint's in-process TP = 1 engine (oracle), whole
-and streamed; a killed rank takes its engine down (the server then reports no live engine); a
-tensor-parallel size that does not split the heads is refused naming the option, before any engine
-starts."""
+and streamed, from two such engines and from a single one; a killed rank takes its engine down (the
+server then reports no live engine); a tensor-parallel size that does not split the heads is
+refused naming the option, before any engine starts. (Each server start costs tens of seconds on a
+2-core machine: the single-engine server is the one whose rank the kill test kills.)"""
 
 import os
 import signal
@@ -66,25 +67,27 @@ def _greedy(client, prompt, **options):
     )
 
 
-@pytest.mark.parametrize("dp", [1, 2], ids=["tp2", "dp2-tp2"])
-def test_tensor_parallel_engines_complete_and_stream_like_one_process(model_dir, expected, tmp_path, dp):
+def _assert_completes_and_streams_like_one_process(port, expected, engines):
+    """Every one of ``engines`` (round robin) answers ``PROMPTS`` as the oracle does, and a
+    streamed completion adds up to the oracle's text."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+    for _ in range(engines):  # round robin: every engine answers, and answers the same
+        completion = _greedy(client, PROMPTS)  # two prompts: one batch over the engine's ranks
+        assert [c.text for c in sorted(completion.choices, key=lambda c: c.index)] == expected
+    chunks = [chunk.choices[0].text for chunk in _greedy(client, PROMPTS[1], stream=True) if chunk.choices]
+    assert "".join(chunks) == expected[1] and len(chunks) > 1
+
+
+def test_tensor_parallel_engines_complete_and_stream_like_one_process(model_dir, expected, tmp_path):
+    """Two data-parallel engines of two ranks each (the single-engine case: the kill test)."""
     port = find_free_port()
-    process = start_serve(_serve_args(model_dir, dp), tmp_path, port)
+    process = start_serve(_serve_args(model_dir, dp=2), tmp_path, port)
     try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60
-        )
-        for _ in range(dp):  # round robin: every engine answers, and answers the same
-            completion = _greedy(client, PROMPTS)  # two prompts: one batch over the engine's ranks
-            assert [c.text for c in sorted(completion.choices, key=lambda c: c.index)] == expected
-        chunks = [
-            chunk.choices[0].text for chunk in _greedy(client, PROMPTS[1], stream=True) if chunk.choices
-        ]
-        assert "".join(chunks) == expected[1] and len(chunks) > 1
+        _assert_completes_and_streams_like_one_process(port, expected, engines=2)
     finally:
         returncode, output = stop_serve(process)
     assert returncode == 0, output
-    assert f"engines ready {dp}/{dp}" in output and "tensor-parallel size 2" in output
+    assert "engines ready 2/2" in output and "tensor-parallel size 2" in output
     assert "mcore-serve: stopped" in output
 
 
@@ -102,10 +105,12 @@ def _engine_ranks(parent: int) -> list[int]:
     return sorted(pids)
 
 
-def test_a_killed_rank_takes_its_engine_down(model_dir, tmp_path):
+def test_a_killed_rank_takes_its_engine_down(model_dir, expected, tmp_path):
+    """One engine of two ranks: it serves like one process until a rank is killed."""
     port = find_free_port()
     process = start_serve(_serve_args(model_dir), tmp_path, port)
     try:
+        _assert_completes_and_streams_like_one_process(port, expected, engines=1)
         ranks = _engine_ranks(process.pid)
         assert len(ranks) == 2
         os.kill(ranks[-1], signal.SIGKILL)  # a follower, not the rank the coordinator knows
@@ -118,6 +123,7 @@ def test_a_killed_rank_takes_its_engine_down(model_dir, tmp_path):
     finally:
         returncode, output = stop_serve(process)
     assert returncode == 0, output
+    assert "engines ready 1/1" in output and "tensor-parallel size 2" in output
     assert "mcore-serve-engine0-tp1 died (exit code -9); stopping its engine" in output
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import shutil
 
+import mcore_models.training.run_report as run_report_module
 import pytest
 import torch
 from mcore_models.data.corpus import stdlib_documents
@@ -47,13 +48,18 @@ def tiny_data(tmp_path_factory):
 
 
 @pytest.fixture
-def tiny_configs(tiny_data, tmp_path):
+def tiny_configs(tiny_data, tmp_path, monkeypatch):
     """``tiny_configs(output, train_iters=4, **layout)``: ``TrainConfigs`` of a 4-layer, 32-wide model.
 
     Layout keywords: ``tp``, ``pp``, ``vpp``, ``sp``, ``cp``, ``cp_comm_type``, ``distributed_optimizer``, ``micro``,
     ``global_batch``; ``save_interval``, ``load``, ``dropout``, ``sample_tokens``, ``async_save``; any other keyword
     is a ``TrainingConfig`` field (``fsdp=True``, ``export_hf=...``).
+
+    The runs of a test using it (ranks forked by the test included) draw no ``loss.png``: matplotlib
+    takes 0.2-0.5 s a plot on a 2-core CPU, hundreds of runs over the suite, and these tests check
+    the training, not the picture (``test_cli`` checks ``mcore-train`` writes it).
     """
+    monkeypatch.setattr(run_report_module, "write_loss_plot", lambda path, history, baseline: path)
 
     def make(
         output,
