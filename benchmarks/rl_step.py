@@ -114,21 +114,15 @@ def load_at_start() -> tuple[str, float]:
 
 def build_policy(args, vocab_size: int, groups):
     """The float32 Llama-style ``GPTModel`` both sides start from."""
-    from mcore_models import GPTModel, TransformerConfig
+    from mcore_models import GPTModel
+    from mcore_rl.loop import PolicyConfig
 
-    config = TransformerConfig(
-        num_layers=args.layers,
-        hidden_size=args.hidden,
-        num_attention_heads=max(1, args.hidden // 64),
-        ffn_hidden_size=3 * args.hidden,
-        normalization="RMSNorm",
-        activation="swiglu",
-        position_embedding_type="rope",
-        add_bias_linear=False,
-        share_embeddings_and_output_weights=False,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
+    hidden = args.hidden
+    heads = max(1, hidden // 64)
+    policy = PolicyConfig(
+        num_layers=args.layers, hidden_size=hidden, num_attention_heads=heads, ffn_hidden_size=3 * hidden
     )
+    config = policy.transformer_config()  # untied embeddings, no dropout
     torch.manual_seed(0)
     return GPTModel(config, vocab_size, pg_collection=groups, eos_token_ids=(0,), pad_token_id=0)
 

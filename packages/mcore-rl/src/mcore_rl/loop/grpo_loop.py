@@ -73,8 +73,9 @@ class GRPOLoop:
     It owns: the policy wrapped in mcore-parallel's ``DistributedDataParallel`` with Adam,
     mcore-models' ``LocalOptimizer`` or, with ``config.distributed_optimizer``, mcore-parallel's
     ``DistributedOptimizer`` (each data-parallel rank keeps a shard of the optimizer state);
-    ``config.optimizer_cpu_offload`` keeps the optimizer state on the CPU; a ``DynamicInferenceEngine`` over a copy of the policy (``engine_options``: its
-    context's keywords, default sized for one iteration's rollouts); a frozen copy of the
+    ``config.optimizer_cpu_offload`` keeps the optimizer state on the CPU; a
+    ``DynamicInferenceEngine`` over a copy of the policy (``engine_options``: its context's
+    keywords, default sized for one iteration's rollouts); a frozen copy of the
     initial policy as the KL reference when ``config.beta > 0`` (none otherwise).
 
     ``step()`` runs one iteration: the next training prompts through the engine
@@ -176,12 +177,15 @@ class GRPOLoop:
             if end > start
             else []
         )
-        mine = [_renumbered(group, start + group.group_id) for group in mine]
         if ranks == 1:
             return mine
         shares: list[list[RolloutGroup] | None] = [None] * ranks
         dist.all_gather_object(shares, mine, group=self.groups.dp)
-        return [group for share in shares for group in share]
+        # each rank numbered its groups from 0: number them by their prompt's place in the batch
+        return [
+            _renumbered(group, group_id)
+            for group_id, group in enumerate(g for share in shares for g in share)
+        ]
 
     def evaluate(self) -> dict[str, float]:
         """The held-out prompts (``config.eval_prompts`` of them, default all): ``reward``, the
