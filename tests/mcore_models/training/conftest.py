@@ -123,6 +123,31 @@ def tiny_configs(tiny_data, tmp_path, monkeypatch):
     return make
 
 
+@pytest.fixture(scope="session")
+def run_once():
+    """``run_once(run, *args)``: ``run(*args)``, computed once a session for each ``run`` and arguments.
+
+    A ``TrainConfigs`` argument counts without its output folder: a later call whose configs differ
+    only there gets the first call's result, which names the first run's files (report
+    ``output_dir``, ``checkpoint``, ``hf_export``). For the deterministic one-process oracle runs
+    that several cases compare with.
+    """
+    results = {}
+
+    def once(run, *args):
+        key = (run, *(_without_output(a) if isinstance(a, TrainConfigs) else a for a in args))
+        if key not in results:
+            results[key] = run(*args)
+        return results[key]
+
+    return once
+
+
+def _without_output(configs: TrainConfigs) -> str:
+    """Every field of ``configs`` as text, the output folder (and so every path in it) as ``<output>``."""
+    return repr(dataclasses.asdict(configs)).replace(configs.training.output_dir, "<output>")
+
+
 @pytest.fixture
 def checkpoint_at():
     """``checkpoint_at(source, iteration, target)``: a copy of a checkpoint folder whose latest is ``iteration``."""

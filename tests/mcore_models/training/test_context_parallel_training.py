@@ -26,8 +26,8 @@ def _assert_same_run(report, reference, name):
     assert report["sample"] == reference["sample"], name
 
 
-def test_context_parallel_training_matches_one_rank(run_distributed, tiny_configs, tmp_path):
-    reference = _report(run_distributed, tiny_configs(tmp_path / "cp1", 3, sample_tokens=4), 1)
+def test_context_parallel_training_matches_one_rank(run_distributed, run_once, tiny_configs, tmp_path):
+    reference = run_once(_report, run_distributed, tiny_configs(tmp_path / "cp1", 3, sample_tokens=4), 1)
     assert len(set(_losses(reference).tolist())) == 3  # the model trains: the losses move
     for name, world, layout in [
         ("cp2-ring", 2, dict(cp=2)),
@@ -83,9 +83,11 @@ def test_layouts_context_parallelism_cannot_run_are_refused(tiny_configs, tmp_pa
     assert str(error.value).startswith(fields + ":")
 
 
-def test_context_parallel_training_with_fsdp_matches_one_rank(run_distributed, tiny_configs, tmp_path):
+def test_context_parallel_training_with_fsdp_matches_one_rank(
+    run_distributed, run_once, tiny_configs, tmp_path
+):
     pytest.importorskip("mcore_fsdp")
-    reference = _report(run_distributed, tiny_configs(tmp_path / "cp1", 3, sample_tokens=4), 1)
+    reference = run_once(_report, run_distributed, tiny_configs(tmp_path / "cp1", 3, sample_tokens=4), 1)
     report = _report(
         run_distributed, tiny_configs(tmp_path / "cp2-fsdp", 3, sample_tokens=4, cp=2, fsdp=True), 2
     )

@@ -184,15 +184,15 @@ def test_fsdp_checkpoint_continues_with_whole_experts_on_two_ranks_and_back(
     ids=["etp2-expert-dp2-sequential-bias", "etp2-ep2-grouped-allgather", "cp2-etp2-expert-dp2-bias"],
 )
 def test_fsdp_etp2_on_four_ranks_trains_like_one_process(
-    ep, extra, cp, run_distributed, tiny_configs, tmp_path
+    ep, extra, cp, run_distributed, run_once, tiny_configs, tmp_path
 ):
     """mcore-fsdp shards expert slices over the expert-data-parallel group (ETP = 2 x EP x
     expert-DP = dense DP x CP = 4): one process's losses, gradient norms (each slice, and FC2's bias
     shared by the expert-TP ranks, counted once), parameter count and whole final experts."""
     pytest.importorskip("mcore_fsdp")
     layout = dict(global_batch=8, sample_tokens=4)  # the gathered model's greedy sample too
-    oracle, norms = _run_logging_norms(
-        run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra), 1
+    oracle, norms = run_once(
+        _run_logging_norms, run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra), 1
     )
     configs = _moe(
         tiny_configs(tmp_path / "fsdp-etp2", 3, fsdp=True, cp=cp, **layout),
@@ -260,7 +260,7 @@ def test_invalid_expert_parallel_layouts_are_refused_with_the_fields_named(world
     ],
 )
 def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
-    tp, etp, ep, extra, layout, run_distributed, tiny_configs, tmp_path
+    tp, etp, ep, extra, layout, run_distributed, run_once, tiny_configs, tmp_path
 ):
     """Experts split over expert-TP ranks (TP != ETP allowed): the losses, gradient norms (each
     expert slice counted once), parameter count and final weights of the same model trained on
@@ -269,7 +269,7 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     # the oracle runs on one process, without context parallelism
     split = {key: layout.pop(key) for key in ("cp", "cp_comm_type") if key in layout}
     one = _moe(tiny_configs(tmp_path / "one", 3, **layout), **extra)
-    oracle, norms = _run_logging_norms(run_distributed, one, 1)
+    oracle, norms = run_once(_run_logging_norms, run_distributed, one, 1)
     configs = _moe(
         tiny_configs(tmp_path / "etp", 3, tp=tp, **split, **layout),
         ep,
@@ -309,7 +309,7 @@ def test_expert_tensor_parallel_on_four_ranks_trains_like_one_process(
     ],
 )
 def test_expert_tensor_parallel_with_pipeline_parallel_continues_like_one_process(
-    tp, etp, ep, layout, extra, run_distributed, tiny_configs, checkpoint_at, tmp_path
+    tp, etp, ep, layout, extra, run_distributed, run_once, tiny_configs, checkpoint_at, tmp_path
 ):
     """Expert tensor parallelism with PP = 2 on four ranks: ETP = 2 (EP = 2 beside it does not fit,
     a stage has two ranks: see the refusals below), or ETP = 1 beside TP = 2 with EP = 2. Pipeline
@@ -319,10 +319,10 @@ def test_expert_tensor_parallel_with_pipeline_parallel_continues_like_one_proces
     layout = dict(global_batch=8, save_interval=2, **layout)
     # the oracle runs on one process, without pipeline stages (or context parallelism)
     vpp, cp = layout.pop("vpp", None), layout.pop("cp", 1)
-    oracle, norms = _run_logging_norms(
-        run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **layout), **extra), 1
+    oracle, norms = run_once(
+        _run_logging_norms, run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **layout), **extra), 1
     )
-    source = checkpoint_at(tmp_path / "one" / "checkpoints", 2, tmp_path / "at-2")
+    source = checkpoint_at(Path(oracle["output_dir"]) / "checkpoints", 2, tmp_path / "at-2")
     configs = tiny_configs(tmp_path / "etp", 4, tp=tp, pp=2, vpp=vpp, cp=cp, load=str(source), **layout)
     report, etp_norms = _run_logging_norms(
         run_distributed, _moe(configs, ep, expert_tensor_parallel_size=etp, **extra), 4

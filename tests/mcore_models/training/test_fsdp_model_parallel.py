@@ -61,12 +61,13 @@ def _assert_same_weights(report, oracle) -> None:
         assert close.float().mean() >= 0.99, f"{key}: {int((~close).sum())} of {value.numel()} differ"
 
 
-def _oracle(run_distributed, tiny_configs, output, layout, training=None, **extra):
-    """One process's run, or plain data parallelism's at PP = 2 on 2 ranks where ``layout`` has PP."""
+def _oracle(run_distributed, run_once, tiny_configs, output, layout, training=None, **extra):
+    """One process's run, or plain data parallelism's at PP = 2 on 2 ranks where ``layout`` has PP
+    (once a session for each configuration: several layouts share one)."""
     pp = layout.get("pp", 1)
     configs = tiny_configs(output, 3, pp=pp, **LAYOUT, **(training or {}))
     configs.model = dataclasses.replace(configs.model, **extra)
-    return _run(run_distributed, configs, pp)
+    return run_once(_run, run_distributed, configs, pp)
 
 
 @needs_tensorboard
@@ -81,14 +82,15 @@ def _oracle(run_distributed, tiny_configs, output, layout, training=None, **extr
     ids=["tp2-dp2", "tp2-dp2-sequence-parallel", "pp2-dp2", "tp2-pp2-sequence-parallel"],
 )
 def test_fsdp_with_model_parallelism_trains_like_the_oracle(
-    layout, shown, run_distributed, tiny_configs, tmp_path
+    layout, shown, run_distributed, run_once, tiny_configs, tmp_path
 ):
     """Losses, gradient norms (each slice once, each replicated tensor once, each stage's own),
     parameter count, greedy sample and whole final weights equal the oracle's; with sequence
     parallelism the layer norms' partial gradients are summed over the TP ranks."""
-    exports = {} if "pp" in layout else {name: tmp_path / f"{name}-hf" for name in ("oracle", "fsdp")}
+    exports = {} if "pp" in layout else {name: tmp_path / name / "hf" for name in ("oracle", "fsdp")}
     oracle, norms = _oracle(
         run_distributed,
+        run_once,
         tiny_configs,
         tmp_path / "oracle",
         layout,
@@ -105,7 +107,7 @@ def test_fsdp_with_model_parallelism_trains_like_the_oracle(
     assert report["sample"] == oracle["sample"] is not None
     _assert_same_weights(report, oracle)
     if exports:  # Hugging Face export (PP = 1): the gathered TP slices make the oracle's model
-        _assert_same_hf_logits(exports["fsdp"], exports["oracle"])
+        _assert_same_hf_logits(exports["fsdp"], oracle["hf_export"])
 
 
 def _assert_same_hf_logits(directory, expected_directory) -> None:
@@ -126,13 +128,13 @@ def _assert_same_hf_logits(directory, expected_directory) -> None:
     ids=["tp2-sequential-experts", "tp2-grouped-experts", "pp2-grouped-experts"],
 )
 def test_fsdp_moe_with_model_parallelism_trains_like_the_oracle(
-    grouped, layout, run_distributed, tiny_configs, tmp_path
+    grouped, layout, run_distributed, run_once, tiny_configs, tmp_path
 ):
     """MoE at EP = 2 under TP = 2 x DP = 2 (experts: EP = 2 x expert-TP = 2) or PP = 2 x DP = 2:
     the oracle's losses, norms, parameter count, sample and final weights, experts by their
     global index."""
     moe = dict(MOE, moe_grouped_gemm=grouped)
-    oracle, norms = _oracle(run_distributed, tiny_configs, tmp_path / "oracle", layout, **moe)
+    oracle, norms = _oracle(run_distributed, run_once, tiny_configs, tmp_path / "oracle", layout, **moe)
     configs = tiny_configs(tmp_path / "fsdp", 3, fsdp=True, **layout, **LAYOUT)
     configs.model = dataclasses.replace(configs.model, **moe, expert_model_parallel_size=2)
     report, fsdp_norms = _run(run_distributed, configs, 4)

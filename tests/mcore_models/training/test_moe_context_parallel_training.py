@@ -58,13 +58,13 @@ def test_moe_at_cp2_trains_like_one_process(load_balancing, run_distributed, tin
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-def test_moe_at_cp2_ep2_trains_like_one_process(fsdp, run_distributed, tiny_configs, tmp_path):
+def test_moe_at_cp2_ep2_trains_like_one_process(fsdp, run_distributed, run_once, tiny_configs, tmp_path):
     """CP = 2 x DP = 2 with EP = 2 taken from the data x context parallel ranks; with ``--fsdp`` the
     dense parameters shard over all four, the experts over expert-DP = 2."""
     if fsdp:
         pytest.importorskip("mcore_fsdp")
     layout = dict(sample_tokens=4, global_batch=8)
-    oracle = _run(run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout)), 1)
+    oracle = run_once(_run, run_distributed, _moe(tiny_configs(tmp_path / "one", 3, **layout)), 1)
     configs = tiny_configs(tmp_path / "cp2-ep2", 3, cp=2, fsdp=fsdp, **layout)
     report = _run(run_distributed, _moe(configs, 2), 4)
     assert "EP=2" in report["layout"] and ("FSDP" in report["layout"]) == fsdp

@@ -38,11 +38,12 @@ def _run(run_distributed, configs, world_size):
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_one_process_moe_checkpoint_continues_at_pipeline_layouts(
-    name, run_distributed, tiny_configs, checkpoint_at, tmp_path
+    name, run_distributed, run_once, tiny_configs, checkpoint_at, tmp_path
 ):
     batch = dict(global_batch=8, save_interval=2, sample_tokens=4)
-    whole = _run(run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **batch)), 1)
-    source = checkpoint_at(tmp_path / "one" / "checkpoints", 2, tmp_path / "at-2")
+    # the same one-process run for every layout: run once, its checkpoints copied from where it saved them
+    whole = run_once(_run, run_distributed, _moe(tiny_configs(tmp_path / "one", 4, **batch)), 1)
+    source = checkpoint_at(Path(whole["output_dir"]) / "checkpoints", 2, tmp_path / "at-2")
     world, layout = LAYOUTS[name][0], dict(LAYOUTS[name][1])
     ep = layout.pop("ep", 1)
     resumed = _run(
