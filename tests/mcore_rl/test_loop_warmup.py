@@ -1,14 +1,17 @@
 """``supervised_warmup``: cross entropy on the answers of the split it is given (the default run's
 ``"warmup"`` sums, disjoint from the RL prompts), the loss falling; an empty split is refused."""
 
+import random
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from mcore_models import GPTModel
-from mcore_parallel import destroy_model_parallel, initialize_model_parallel
+from mcore_parallel import ConfigError, destroy_model_parallel, initialize_model_parallel
 from mcore_rl.agents import AdditionAgent
 from mcore_rl.loop import CharTokenizer, WarmupConfig, supervised_warmup
+from mcore_rl.loop.warmup import _demonstrations, flawed_answer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_loop import TINY
@@ -56,3 +59,27 @@ def test_no_steps_need_no_examples():
         supervised_warmup(torch.nn.Linear(1, 1), AdditionAgent(5, 5), CharTokenizer(), config, split="warmup")
         == []
     )
+
+
+def test_flawed_answer_is_one_more_in_the_last_digit():
+    assert [flawed_answer(a) for a in ("57", "9", "109", "0")] == ["58", "0", "100", "1"]
+
+
+def test_demonstrations_are_flawed_at_the_configured_rate():
+    agent = AdditionAgent(10, 10, num_warmup=400, max_digits=2)
+    examples = list(agent.get_dataset("warmup")) * 10
+    for rate in (0.0, 0.3, 1.0):
+        shown = _demonstrations(examples, rate, random.Random(0))
+        flawed = [answer != e.answer for (prompt, answer), e in zip(shown, examples, strict=True)]
+        assert all(prompt == e.prompt for (prompt, _), e in zip(shown, examples, strict=True))
+        assert abs(sum(flawed) / len(flawed) - rate) < 0.02, rate
+        assert all(
+            answer == flawed_answer(e.answer)
+            for (_, answer), e, f in zip(shown, examples, flawed, strict=True)
+            if f
+        )
+
+
+def test_an_error_rate_outside_0_1_is_refused():
+    with pytest.raises(ConfigError, match="demo_error_rate"):
+        WarmupConfig(demo_error_rate=1.5)

@@ -73,11 +73,23 @@ class PolicyConfig:
 @experimental_api
 @dataclass
 class WarmupConfig:
-    """Supervised warm-up: a short run on the training split's answers before RL, so the policy is partly right."""
+    """Supervised warm-up before RL: demonstrations of the task (a share of them flawed), so the
+    policy starts partly right."""
 
-    sft_steps: int = config_field(800, minimum=0, help="Supervised steps (0: none).")
+    sft_steps: int = config_field(1600, minimum=0, help="Supervised steps (0: none).")
     sft_batch_size: int = config_field(32, minimum=1, help="Sums per supervised step.")
     sft_lr: float = config_field(1e-3, minimum=0.0, help="Learning rate of the supervised run (AdamW).")
+    demo_error_rate: float = config_field(
+        0.3,
+        minimum=0.0,
+        help="Share of the warm-up's demonstrations whose answer has a wrong last digit (one more, "
+        "mod 10), drawn anew each time a sum is shown: imperfect demonstrations, which the "
+        "policy learns to copy and GRPO's verified reward teaches it to avoid (0: all right).",
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.demo_error_rate <= 1.0:
+            raise ConfigError(["demo_error_rate"], f"must be in [0, 1], got {self.demo_error_rate}")
 
 
 @experimental_api
@@ -86,9 +98,9 @@ class GRPOLoopConfig:
     """GRPO: rollouts through the inference engine, group-normalised advantages, clipped policy loss."""
 
     iterations: int = config_field(
-        60, minimum=1, help="RL iterations (rollouts, then `minibatches` optimizer steps)."
+        100, minimum=1, help="RL iterations (rollouts, then `minibatches` optimizer steps)."
     )
-    prompts_per_iteration: int = config_field(32, minimum=1, help="Training prompts per iteration.")
+    prompts_per_iteration: int = config_field(64, minimum=1, help="Training prompts per iteration.")
     group_size: int = config_field(8, minimum=2, help="Completions sampled per prompt.")
     max_tokens: int = config_field(8, minimum=1, help="Most tokens per completion.")
     temperature: float = config_field(1.0, minimum=0.01, help="Sampling temperature of the rollouts.")

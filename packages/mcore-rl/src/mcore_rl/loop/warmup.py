@@ -14,13 +14,17 @@ from ..packing.pack import IGNORE_INDEX
 from .config import WarmupConfig
 
 
-def answer_batch(examples: Sequence[AdditionExample], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens ``[b, s]`` of ``"a+b=" + answer + end``, right-padded, and labels: the next token
-    where it is part of the answer or the end, ``IGNORE_INDEX`` elsewhere."""
-    rows = []
-    for example in examples:
-        prompt = tokenizer.encode(example.prompt)
-        rows.append((prompt, [*tokenizer.encode(example.answer), tokenizer.eod_id]))
+def flawed_answer(answer: str) -> str:
+    """``answer`` with its last digit one more (mod 10): a plausible wrong demonstration."""
+    return answer[:-1] + str((int(answer[-1]) + 1) % 10)
+
+
+def answer_batch(pairs: Sequence[tuple[str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``[b, s]`` of each ``prompt + answer + end`` of ``pairs``, right-padded, and labels:
+    the next token where it is part of the answer or the end, ``IGNORE_INDEX`` elsewhere."""
+    rows = [
+        (tokenizer.encode(prompt), [*tokenizer.encode(answer), tokenizer.eod_id]) for prompt, answer in pairs
+    ]
     width = max(len(p) + len(a) for p, a in rows)
     tokens = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
@@ -29,6 +33,13 @@ def answer_batch(examples: Sequence[AdditionExample], tokenizer) -> tuple[torch.
         tokens[row, : len(full)] = full
         labels[row, len(prompt) - 1 : len(full) - 1] = full[len(prompt) :]
     return tokens, labels
+
+
+def _demonstrations(
+    examples: Sequence[AdditionExample], error_rate: float, rng: random.Random
+) -> list[tuple[str, str]]:
+    """``(prompt, answer)`` of each example, the answer flawed with probability ``error_rate``."""
+    return [(e.prompt, flawed_answer(e.answer) if rng.random() < error_rate else e.answer) for e in examples]
 
 
 @experimental_api
@@ -43,7 +54,8 @@ def supervised_warmup(
     split: str = "train",
 ) -> list[float]:
     """``config.sft_steps`` AdamW steps of cross entropy on the answers (and end token) of random
-    batches of ``agent``'s ``split``, the learning rate falling linearly to a tenth; returns
+    batches of ``agent``'s ``split``, each answer flawed (``flawed_answer``) with probability
+    ``config.demo_error_rate``, the learning rate falling linearly to a tenth; returns
     each step's loss (``on_step(step, loss)`` after each). Leaves ``model`` in eval mode.
     ``ValueError`` when ``split`` has no examples and there are steps to take."""
     examples = list(agent.get_dataset(split))
@@ -56,9 +68,8 @@ def supervised_warmup(
     for step in range(config.sft_steps):
         for group in optimizer.param_groups:
             group["lr"] = config.sft_lr * (1 - 0.9 * step / config.sft_steps)
-        tokens, labels = answer_batch(
-            rng.sample(examples, min(config.sft_batch_size, len(examples))), tokenizer
-        )
+        shown = rng.sample(examples, min(config.sft_batch_size, len(examples)))
+        tokens, labels = answer_batch(_demonstrations(shown, config.demo_error_rate, rng), tokenizer)
         per_token = model(tokens, labels=labels)
         loss = per_token.sum() / (labels != IGNORE_INDEX).sum()
         optimizer.zero_grad(set_to_none=True)
