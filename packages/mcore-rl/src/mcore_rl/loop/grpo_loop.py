@@ -254,10 +254,18 @@ class GRPOLoop:
 
     def _forward(self, model: torch.nn.Module, bins: tuple[PackedBin, ...]) -> torch.Tensor:
         """The label log-probs ``[len(bins), L]`` of ``bins`` stacked as rows of one batch (each
-        row's documents told apart by its position resets)."""
-        tokens = torch.cat([b.tokens for b in bins])
-        logits = model(tokens, position_ids=torch.cat([b.position_ids for b in bins]))
-        return label_logprobs(logits, torch.cat([b.labels for b in bins]), _tp_group(self.policy))
+        row's documents told apart by its position resets). The padding that ends every row is
+        left out of the forward (causal: no token before it sees it) up to a multiple of 8 (so
+        sequence-parallel splits still divide it); its log-probs are 0."""
+        length = bins[0].tokens.shape[1]
+        used = min(length, -(-max(1, *(length - b.padding for b in bins)) // 8) * 8)
+
+        def rows(field: str) -> torch.Tensor:
+            return torch.cat([getattr(b, field)[:, :used] for b in bins])
+
+        logits = model(rows("tokens"), position_ids=rows("position_ids"))
+        logp = label_logprobs(logits, rows("labels"), _tp_group(self.policy))
+        return torch.nn.functional.pad(logp, (0, length - used))
 
     def _reference_logprobs(self, bins: tuple[PackedBin, ...]) -> list[torch.Tensor]:
         with torch.no_grad():
