@@ -47,8 +47,11 @@ def test_two_data_parallel_ranks_equal_one(run_distributed, tmp_path):
         assert record["generated"] == single["generated"] // 2 > 0  # each rank samples its half
         torch.testing.assert_close(record["loss"], single["loss"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(record["kl"], single["kl"], rtol=1e-4, atol=1e-6)
+        # Adam's first step (lr 1e-2) moves each weight by about lr * sign(gradient), so float32
+        # rounding in gradients near 0 (other matmul shapes on two ranks) shows up as ~1e-6; a
+        # wrong gradient moves weights by up to lr
         for name, value in single_weights.items():
-            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-5, msg=name)
     sharded, whole = _adam_state(two), _adam_state(one)
     assert sharded.keys() == whole.keys()
     for name, state in whole.items():

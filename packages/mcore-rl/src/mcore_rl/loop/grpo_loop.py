@@ -255,16 +255,17 @@ class GRPOLoop:
     def _forward(self, model: torch.nn.Module, bins: tuple[PackedBin, ...]) -> torch.Tensor:
         """The label log-probs ``[len(bins), L]`` of ``bins`` stacked as rows of one batch (each
         row's documents told apart by its position resets). The padding that ends every row is
-        left out of the forward (causal: no token before it sees it) up to a multiple of 8 (so
-        sequence-parallel splits still divide it); its log-probs are 0."""
-        length = bins[0].tokens.shape[1]
-        used = min(length, -(-max(1, *(length - b.padding for b in bins)) // 8) * 8)
+        left out of the forward (causal: no token before it sees it), up to a multiple of the
+        tensor-parallel size (so that sequence-parallel splits still divide it); its log-probs are 0."""
+        tp_group = _tp_group(self.policy)
+        length, multiple = bins[0].tokens.shape[1], 1 if tp_group is None else dist.get_world_size(tp_group)
+        used = min(length, -(-max(1, *(length - b.padding for b in bins)) // multiple) * multiple)
 
         def rows(field: str) -> torch.Tensor:
             return torch.cat([getattr(b, field)[:, :used] for b in bins])
 
         logits = model(rows("tokens"), position_ids=rows("position_ids"))
-        logp = label_logprobs(logits, rows("labels"), _tp_group(self.policy))
+        logp = label_logprobs(logits, rows("labels"), tp_group)
         return torch.nn.functional.pad(logp, (0, length - used))
 
     def _reference_logprobs(self, bins: tuple[PackedBin, ...]) -> list[torch.Tensor]:
