@@ -203,6 +203,7 @@ def run_mcore(args, policy, agent, tokenizer, groups) -> list[dict[str, float]]:
         aggregation="token_mean",
         scale_rewards="group",
         bin_length=args.bin_length,
+        max_sequence_length=args.bin_length,  # the engine's context: a sequence must fit in a bin
         seed=0,
     )
     loop = GRPOLoop(policy, agent, tokenizer, config, groups)
