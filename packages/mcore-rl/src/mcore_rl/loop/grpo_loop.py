@@ -258,8 +258,10 @@ class GRPOLoop:
         left out of the forward (causal: no token before it sees it), up to a multiple of the
         tensor-parallel size (so that sequence-parallel splits still divide it); its log-probs are 0."""
         tp_group = _tp_group(self.policy)
-        length, multiple = bins[0].tokens.shape[1], 1 if tp_group is None else dist.get_world_size(tp_group)
-        used = min(length, -(-max(1, *(length - b.padding for b in bins)) // multiple) * multiple)
+        multiple = 1 if tp_group is None else dist.get_world_size(tp_group)
+        length = bins[0].tokens.shape[1]
+        longest = max(1, *(length - b.padding for b in bins))
+        used = min(length, math.ceil(longest / multiple) * multiple)
 
         def rows(field: str) -> torch.Tensor:
             return torch.cat([getattr(b, field)[:, :used] for b in bins])
