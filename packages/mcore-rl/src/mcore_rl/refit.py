@@ -4,6 +4,8 @@ group, then cut to the engine's shards)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as dist
 from mcore_api import experimental_api
@@ -57,17 +59,22 @@ def _vocab_rows(trainer: torch.nn.Module, engine_model: torch.nn.Module, source,
     )
 
 
-def _plan(trainer: torch.nn.Module, engine_model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The engine's tensor for each of the trainer's, by name; ``RefitMismatchError`` naming the
-    first tensor one model lacks or whose full shape differs."""
-    source, target = state_tensors(trainer), state_tensors(engine_model)
+def _plan(
+    trainer: torch.nn.Module,
+    source: Mapping[str, torch.Tensor],
+    group: dist.ProcessGroup | None,
+    engine_model: torch.nn.Module,
+) -> dict[str, torch.Tensor]:
+    """The engine's tensor for each of the trainer's (``source``, split over ``group``), by name;
+    ``RefitMismatchError`` naming the first tensor one model lacks or whose full shape differs."""
+    target = state_tensors(engine_model)
     missing, unexpected = sorted(set(source) - set(target)), sorted(set(target) - set(source))
     if missing or unexpected:
         raise RefitMismatchError(
             f"the models' tensors differ: only the trainer has {missing[:5]}, only the engine has "
             f"{unexpected[:5]} ({len(missing)} and {len(unexpected)} in all)"
         )
-    group, engine_group = _tp_group(trainer), _tp_group(engine_model)
+    engine_group = _tp_group(engine_model)
     for name in source:
         full, engine_full = _full_shape(source[name], group), _full_shape(target[name], engine_group)
         if full != engine_full and not _vocab_rows(trainer, engine_model, full, engine_full):
@@ -77,7 +84,12 @@ def _plan(trainer: torch.nn.Module, engine_model: torch.nn.Module) -> dict[str, 
     return target
 
 
-def _check(trainer: torch.nn.Module, engine: DynamicInferenceEngine | None) -> dict[str, torch.Tensor] | None:
+def _check(
+    trainer: torch.nn.Module,
+    source: Mapping[str, torch.Tensor],
+    group: dist.ProcessGroup | None,
+    engine: DynamicInferenceEngine | None,
+) -> dict[str, torch.Tensor] | None:
     """The copy plan (``None`` without an engine); raises what refuses the refit."""
     if engine is None:
         return None
@@ -85,7 +97,7 @@ def _check(trainer: torch.nn.Module, engine: DynamicInferenceEngine | None) -> d
         raise TypeError(f"engine: must be a DynamicInferenceEngine or None, got {type(engine).__name__}")
     if engine.has_unfinished_requests():
         raise EngineBusyError("the engine has unfinished requests: finish or abort them before refit")
-    return _plan(trainer, engine.model)
+    return _plan(trainer, source, group, engine.model)
 
 
 def _agree(error: Exception | None, group: dist.ProcessGroup | None) -> None:
@@ -117,19 +129,27 @@ def _engine_tensor(full: torch.Tensor, target: torch.Tensor, engine_model: torch
 
 
 def _copy(
-    trainer: torch.nn.Module, targets: dict[str, torch.Tensor] | None, engine_model: torch.nn.Module | None
+    sources: Mapping[str, torch.Tensor],
+    group: dist.ProcessGroup | None,
+    targets: dict[str, torch.Tensor] | None,
+    engine_model: torch.nn.Module | None,
 ) -> None:
-    """Gather each trainer tensor (one at a time) and copy it into the engine's in ``targets``."""
-    group = _tp_group(trainer)
+    """Gather each trainer tensor over ``group`` (one at a time) and copy it into the engine's in
+    ``targets``."""
     with torch.no_grad():
-        for name, source in state_tensors(trainer).items():
+        for name, source in sources.items():
             full = source.detach() if group is None else gather_full_tensor(source, group)
             if targets is not None:
                 targets[name].copy_(_engine_tensor(full, targets[name], engine_model))
 
 
 @experimental_api
-def refit(trainer_model: torch.nn.Module, engine: DynamicInferenceEngine | None) -> int | None:
+def refit(
+    trainer_model: torch.nn.Module,
+    engine: DynamicInferenceEngine | None,
+    *,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+) -> int | None:
     """Copy ``trainer_model``'s weights into ``engine.model`` in place; return the engine's new
     ``weight_version`` (``None`` where ``engine`` is ``None``), to tag the rollouts it generates.
 
@@ -143,19 +163,26 @@ def refit(trainer_model: torch.nn.Module, engine: DynamicInferenceEngine | None)
     model, not a DDP wrapper. Pipeline stages and expert-parallel shards are not gathered: against
     a whole engine model they show up as differing names or shapes.
 
+    ``tensors``: the trainer's whole (unsplit) tensors by state-dict name, copied instead of
+    ``trainer_model``'s own, e.g. the gathered weights of a model sharded by mcore-fsdp
+    (``full_state_dict()``); ``trainer_model`` then only tells the vocabulary sizes, nothing is
+    gathered, and the call is not collective.
+
     Raises, on every rank of the group and before anything is copied:
         EngineBusyError: an engine has unfinished requests (refit refuses rather than pauses:
             a rollout never mixes two policies). Works while the engine is suspended.
         RefitMismatchError: a tensor one model lacks, or of another full shape, named.
         TypeError: ``engine`` is not a ``DynamicInferenceEngine`` or ``None``.
     """
+    group = _tp_group(trainer_model) if tensors is None else None
+    sources = state_tensors(trainer_model) if tensors is None else dict(tensors)
     targets, error = None, None
     try:
-        targets = _check(trainer_model, engine)
+        targets = _check(trainer_model, sources, group, engine)
     except (RefitError, TypeError) as caught:
         error = caught
-    _agree(error, _tp_group(trainer_model))
+    _agree(error, group)
     if engine is None:
-        _copy(trainer_model, None, None)
+        _copy(sources, group, None, None)
         return None
-    return engine.update_weights(lambda model: _copy(trainer_model, targets, model))
+    return engine.update_weights(lambda model: _copy(sources, group, targets, model))

@@ -1,5 +1,11 @@
 """Checkpoint and resume of the whole RL state of a ``GRPOLoop``: policy, optimizer (Adam moments
-and step), reference policy, position in the training prompts, random-number states, history."""
+and step), reference policy, position in the training prompts, random-number states, history.
+
+One format for every training backend: the policy's whole tensors by state-dict name (gathered
+from the shards with FSDP) and, per parameter name, its whole float32 main value and Adam moments
+(gathered from the distributed optimizer's or mcore-fsdp's shards), so a checkpoint saved with
+DDP, the distributed optimizer or FSDP, on any number of data-parallel ranks, resumes with any of
+them (at the tensor-parallel size it was saved with)."""
 
 from __future__ import annotations
 
@@ -12,7 +18,6 @@ import torch
 import torch.distributed as dist
 from mcore_api import experimental_api
 
-from ..refit import refit
 from .grpo_loop import GRPOLoop
 
 STATE_FILE = "rl_state.pt"
@@ -25,12 +30,13 @@ class CheckpointError(RuntimeError):
 
 
 def loop_state(loop: GRPOLoop) -> dict[str, Any]:
-    """Everything ``restore_loop_state`` needs to continue ``loop`` exactly."""
+    """Everything ``restore_loop_state`` needs to continue ``loop`` exactly (collective over the
+    data-parallel group with the distributed optimizer or FSDP)."""
     names = {param: name for name, param in loop.policy.named_parameters()}
     optimizer = {names[param]: state for param, state in loop.optimizer.gather_param_states().items()}
     return {
         "iteration": loop.iteration,
-        "policy": loop.policy.state_dict(),
+        "policy": loop.policy_state_dict(),
         "optimizer": optimizer,
         "optimizer_steps": loop.optimizer.step_count,
         "reference": None if loop.reference is None else loop.reference.state_dict(),
@@ -60,7 +66,7 @@ def restore_loop_state(loop: GRPOLoop, state: dict[str, Any]) -> None:
     loop.history, loop.baseline = list(state["history"]), state["baseline"]
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
-    refit(loop.policy, loop.engine)
+    loop.refit_engine()
 
 
 @experimental_api
@@ -95,7 +101,7 @@ def load_checkpoint(loop: GRPOLoop, directory: str | os.PathLike) -> int:
         raise CheckpointError(f"{target}: cannot be read: {type(error).__name__}: {error}") from None
     try:
         restore_loop_state(loop, state)
-    except (RuntimeError, KeyError) as error:
+    except (RuntimeError, KeyError, ValueError) as error:
         if isinstance(error, CheckpointError):
             raise
         raise CheckpointError(f"{target}: does not fit this policy: {error}") from None

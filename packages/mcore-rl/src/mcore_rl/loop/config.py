@@ -11,6 +11,7 @@ from mcore_models import TransformerConfig
 from mcore_parallel import ConfigError, OptimizerConfig, config_field
 
 from ..loss_config import GRPOLossConfig
+from .fsdp import FSDP_STRATEGIES, require_fsdp
 
 
 @experimental_api
@@ -160,8 +161,27 @@ class GRPOLoopConfig:
         4, minimum=1, help="Sampled completions per held-out prompt for the held-out reward."
     )
     seed: int = config_field(0, minimum=0, help="Seed of the prompt order and of the rollouts' sampling.")
+    fsdp: bool = config_field(
+        False,
+        help="Train the policy fully sharded over the data-parallel ranks with mcore-fsdp (each "
+        "transformer layer a unit; needs pip install 'mcore-rl[fsdp]') instead of DDP.",
+    )
+    fsdp_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = config_field(
+        "optim_grads_params", help="With --fsdp: what is sharded over the data-parallel ranks."
+    )
 
     def __post_init__(self) -> None:
+        if self.fsdp_strategy not in FSDP_STRATEGIES:
+            raise ConfigError(
+                ["fsdp_strategy"], f"must be one of {list(FSDP_STRATEGIES)}, got {self.fsdp_strategy!r}"
+            )
+        if self.fsdp and self.distributed_optimizer:
+            raise ConfigError(
+                ["fsdp", "distributed_optimizer"],
+                "fsdp shards the optimizer state itself: turn off distributed_optimizer",
+            )
+        if self.fsdp:
+            require_fsdp()  # refuse a missing mcore-fsdp before anything is built
         if self.max_sequence_length > self.bin_length:
             raise ConfigError(
                 ["max_sequence_length", "bin_length"],

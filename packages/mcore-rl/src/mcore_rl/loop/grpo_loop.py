@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from ..packing import PackedBin, TrainingSequence, label_logprobs, pack_sequence
 from ..refit import refit
 from .batch import RolloutBatch, rollout_batch
 from .config import GRPOLoopConfig
+from .fsdp import FSDPAdam, check_fsdp_policy, shard_policy
 from .prompts import PromptStream
 
 PHASES = ("generation", "reference", "training", "refit")
@@ -72,25 +73,36 @@ class GRPOLoop:
 
     It owns: the policy wrapped in mcore-parallel's ``DistributedDataParallel`` with Adam,
     mcore-models' ``LocalOptimizer`` or, with ``config.distributed_optimizer``, mcore-parallel's
-    ``DistributedOptimizer`` (each data-parallel rank keeps a shard of the optimizer state);
-    ``config.optimizer_cpu_offload`` keeps the optimizer state on the CPU; a
+    ``DistributedOptimizer`` (each data-parallel rank keeps a shard of the optimizer state); or,
+    with ``config.fsdp``, the policy sharded in place by mcore-fsdp's ``fully_shard`` over the
+    data-parallel group (``config.fsdp_strategy``; each ``TransformerLayer`` a unit, the
+    embedding, final norm and output layer the root unit) with Adam on its FP32 main-parameter
+    shards, clipped by its ``clip_grad_norm_``; ``config.optimizer_cpu_offload`` keeps the
+    optimizer state on the CPU (with FSDP: ``fully_shard``'s ``offload_optimizer``); a
     ``DynamicInferenceEngine`` over a copy of the policy (``engine_options``: its context's
     keywords, default sized for one iteration's rollouts); a frozen copy of the
-    initial policy as the KL reference when ``config.beta > 0`` (none otherwise).
+    initial policy as the KL reference when ``config.beta > 0`` (none otherwise). Both copies are
+    made from the whole policy before DDP or FSDP takes it over.
 
     ``step()`` runs one iteration: the next training prompts through the engine
     (``grouped_rollouts``, ``group_size`` samples each, seeded by ``config.seed`` and the
     iteration; each data-parallel rank samples and scores a share of the prompts, then the groups
     are gathered), the engine's KV cache suspended, advantages per prompt, then
     ``config.minibatches`` optimizer steps, each on a share of the groups: its rollouts packed
-    into bins, the reference's log-probs, a step on ``packed_grpo_loss``; then the new weights
-    refit into the engine, its cache resumed. A rollout whose reward failed is left out, counted
-    and its error kept. ``evaluate()``: greedy held-out reward and accuracy; ``baseline``: the
-    one before the first iteration. ``state_dict()`` / ``load_state_dict()``: the whole RL state
-    (see ``loop.checkpoint``).
+    into bins, the reference's log-probs, a step on ``packed_grpo_loss`` (the loss times the
+    data-parallel size: DDP and FSDP average the ranks' gradients; with FSDP the forward chunks
+    before the last accumulate their gradients under ``no_sync``); then the new weights refit
+    into the engine (``refit_engine()``; with FSDP the weights gathered whole on every rank), its
+    cache resumed. A rollout whose reward failed is left out, counted and its error kept.
+    ``evaluate()``: greedy held-out reward and accuracy; ``baseline``: the one before the first
+    iteration. ``policy_state_dict()``: the policy's whole weights (gathered with FSDP);
+    ``save_checkpoint`` / ``load_checkpoint``: the whole RL state (see ``loop.checkpoint``).
 
-    Raises ``VocabularyMismatchError`` when ``tokenizer`` has ids the policy has no rows for, and
-    ``TypeError``/``ValueError`` for a policy that is not a float32 ``GPTModel``."""
+    Raises ``VocabularyMismatchError`` when ``tokenizer`` has ids the policy has no rows for,
+    ``TypeError``/``ValueError`` for a policy that is not a float32 ``GPTModel``, and
+    mcore-parallel's ``ConfigError`` naming the fields for ``config.fsdp`` with a policy split
+    over tensor-parallel ranks or without mcore-fsdp installed (``GRPOLoopConfig`` itself refuses
+    ``fsdp`` with ``distributed_optimizer``)."""
 
     def __init__(
         self,
@@ -110,16 +122,22 @@ class GRPOLoop:
                 f"policy: must be float32 (the trainer's weights), got {sorted(map(str, dtypes))}"
             )
         check_vocabulary(tokenizer, policy.vocab_size, "the policy model")
+        if config.fsdp:
+            check_fsdp_policy(policy)
         self.agent, self.tokenizer, self.config, self.groups = agent, tokenizer, config, groups
         self.loss_config = config.loss_config()
         self.reference = _frozen_copy(policy, groups) if config.beta > 0 else None
         options = _engine_options(config, policy) | (engine_options or {})
         self.engine = DynamicInferenceEngine(
             _frozen_copy(policy, groups), tokenizer=tokenizer, freeze_gc=False, **options
-        )  # the copies are made before DDP gives the policy's parameters their gradient buffers
-        ddp = DistributedDataParallelConfig(use_distributed_optimizer=config.distributed_optimizer)
-        self.model = DistributedDataParallel(policy, ddp, groups.dp)
-        self.optimizer = build_optimizer(self.model, config.optimizer_config(), groups)
+        )  # the copies are made before DDP or FSDP takes the policy's parameters over
+        if config.fsdp:
+            self.model = shard_policy(policy, groups.dp, config.fsdp_strategy, config.optimizer_cpu_offload)
+            self.optimizer = FSDPAdam(self.model, config.optimizer_config(), groups.dp)
+        else:
+            ddp = DistributedDataParallelConfig(use_distributed_optimizer=config.distributed_optimizer)
+            self.model = DistributedDataParallel(policy, ddp, groups.dp)
+            self.optimizer = build_optimizer(self.model, config.optimizer_config(), groups)
         self.handle = EngineHandle(self.engine)
         self.prompts = PromptStream(agent, config.seed)
         self.iteration = 0
@@ -128,8 +146,27 @@ class GRPOLoop:
 
     @property
     def policy(self) -> GPTModel:
-        """The policy being trained."""
-        return self.model.module
+        """The policy being trained: the ``GPTModel`` that DDP wraps or, with ``config.fsdp``, the
+        sharded ``GPTModel`` itself (also an mcore-fsdp ``FSDPModule``): its ``parameters()`` are
+        then this rank's FP32 main-parameter shards (1-D), its forward is collective over the
+        data-parallel group, and ``policy_state_dict()`` gathers its whole weights."""
+        return self.model if self.config.fsdp else self.model.module
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights and persistent buffers by state-dict name, as plain tensors: with
+        ``config.fsdp`` gathered whole from the shards (collective over the data-parallel group:
+        call it on every rank), else the policy's own ``state_dict()``."""
+        if self.config.fsdp:
+            return self.policy.full_state_dict(cpu=False)
+        return self.policy.state_dict()
+
+    def refit_engine(self) -> int:
+        """Copy the policy's current weights into the engine (``refit``; with ``config.fsdp`` from
+        the gathered whole weights, collective over the data-parallel group); returns the
+        engine's new ``weight_version``."""
+        if self.config.fsdp:
+            return refit(self.policy, self.engine, tensors=self.policy_state_dict())
+        return refit(self.policy, self.engine)
 
     @property
     def dp_size(self) -> int:
@@ -151,7 +188,7 @@ class GRPOLoop:
         batch = rollout_batch(groups, self.loss_config)
         steps = [self._train_minibatch(sequences, times) for sequences in self._minibatches(batch)]
         with _timed(times, "refit"):
-            version = refit(self.policy, self.engine)
+            version = self.refit_engine()
             self.engine.resume()
         self.iteration = iteration
         record = {"iteration": iteration, **_reward_record(batch), **_mean_record(steps)}
@@ -274,6 +311,12 @@ class GRPOLoop:
         with torch.no_grad():
             return [row[None] for chunk in self._chunks(bins) for row in self._forward(self.reference, chunk)]
 
+    def _gradient_sync(self, last: bool):
+        """Where a backward runs: under the sharded model's ``no_sync`` (gradients accumulated
+        locally, no communication) unless it is the ``last`` of an optimizer step; DDP reduces
+        every backward's gradients."""
+        return self.model.no_sync() if self.config.fsdp and not last else nullcontext()
+
     def _train(
         self, bins: tuple[PackedBin, ...], sizes: tuple[int, int], ref: list[torch.Tensor] | None
     ) -> dict[str, float]:
@@ -289,7 +332,8 @@ class GRPOLoop:
             )
         self.optimizer.zero_grad()
         loss, kl, clipped, index = 0.0, 0.0, 0.0, 0
-        for chunk in self._chunks(bins):
+        chunks = self._chunks(bins)  # as many on every rank: each rank has as many bins
+        for number, chunk in enumerate(chunks):
             logp, chunk_loss = self._forward(self.model, chunk), 0.0
             for row, packed in enumerate(chunk):
                 result = packed_grpo_loss(
@@ -306,7 +350,10 @@ class GRPOLoop:
                 if metrics:
                     clipped += share * float(metrics["clip_fraction_low"] + metrics["clip_fraction_high"])
                     kl += share * float(metrics.get("kl_mean", 0.0))
-            (chunk_loss * self.dp_size).backward()  # DDP averages the ranks' gradients
+            # DDP and mcore-fsdp average the ranks' gradients; mcore-fsdp accumulates the chunks
+            # before the last locally (in FP32) and reduces their sum with the last one's
+            with self._gradient_sync(last=number == len(chunks) - 1):
+                (chunk_loss * self.dp_size).backward()
             loss += float(chunk_loss.detach())
         grad_norm = float(self.optimizer.step())
         self.policy.eval()
