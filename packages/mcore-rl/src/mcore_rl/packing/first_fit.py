@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 
-
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     """The indices of ``lengths`` grouped into bins whose lengths sum to at most ``capacity``:
     longest first (ties in index order), each into the first bin with room. Each bin lists its
