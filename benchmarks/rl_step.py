@@ -184,8 +184,10 @@ class IgnoreEOSHandle:
         return self.handle.generate(prompts, **sampling, ignore_eos=True)
 
 
-def run_mcore(args, policy, agent, tokenizer, groups) -> list[dict[str, float]]:
-    """``GRPOLoop`` iterations (the warm-up first): per iteration its wall time and phases."""
+def run_mcore(args, policy, agent, tokenizer, groups, prompts: list[str]) -> list[dict[str, float]]:
+    """``GRPOLoop`` iterations (the warm-up first): per iteration its wall time and phases. The
+    engine's context (``max_sequence_length``, which sizes its KV cache) holds the longest of
+    ``prompts`` and ``max_tokens``, as TRL's generation cache holds them."""
     from mcore_rl.loop import GRPOLoop, GRPOLoopConfig
 
     config = GRPOLoopConfig(
@@ -203,7 +205,9 @@ def run_mcore(args, policy, agent, tokenizer, groups) -> list[dict[str, float]]:
         aggregation="token_mean",
         scale_rewards="group",
         bin_length=args.bin_length,
-        max_sequence_length=args.bin_length,  # the engine's context: a sequence must fit in a bin
+        max_sequence_length=min(
+            args.bin_length, max(map(len, map(tokenizer.encode, prompts))) + args.max_tokens
+        ),
         seed=0,
     )
     loop = GRPOLoop(policy, agent, tokenizer, config, groups)
@@ -421,7 +425,7 @@ def main(argv=None) -> None:
         export_hf_checkpoint(policy, directory, "llama")
         logits_difference = check_same_logits(policy, directory)
         tokenizer = hf_tokenizer(char_tokenizer, policy.config.max_position_embeddings)
-        mcore_iterations = run_mcore(args, policy, agent, char_tokenizer, groups)
+        mcore_iterations = run_mcore(args, policy, agent, char_tokenizer, groups, prompts)
         trl_iterations = run_trl(args, directory, agent, tokenizer, prompts, Path(scratch) / "trl")
     destroy_model_parallel()
     dist.destroy_process_group()

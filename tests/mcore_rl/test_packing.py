@@ -171,9 +171,11 @@ def test_label_logprobs_vocab_parallel_equal_log_softmax(run_distributed):
         torch.testing.assert_close(grad, logits.grad.chunk(2, dim=-1)[rank], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["one_bin_a_call", "stacked_per_rank"])
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
-def test_packed_loss_equals_grpo_loss_of_the_rows(aggregation):
-    # The oracle: grpo_loss on one row per completion, with the same per-token values.
+def test_packed_loss_equals_grpo_loss_of_the_rows(aggregation, stacked):
+    # The oracle: grpo_loss on one row per completion, with the same per-token values. Stacked:
+    # each data-parallel rank's bins in one call, their tensors as rows.
     sequences = _random_sequences(11, seed=4, ref=True)
     batch = pack_sequences(sequences, 9, data_parallel_size=2)
     config = GRPOLossConfig(
@@ -183,17 +185,20 @@ def test_packed_loss_equals_grpo_loss_of_the_rows(aggregation):
     logp = [(-torch.rand(b.tokens.shape, generator=generator)).requires_grad_() for b in batch.bins]
     old = [-torch.rand(b.tokens.shape, generator=generator) for b in batch.bins]
     entropy = [torch.rand(b.tokens.shape, generator=generator) for b in batch.bins]
+    calls = [[i] for i in range(len(batch.bins))]
+    if stacked:
+        calls = [list(range(len(batch.bins)))[rank::2] for rank in range(2)]
     total = sum(
         packed_grpo_loss(
-            v,
-            b,
+            torch.cat([logp[i] for i in call]),
+            [batch.bins[i] for i in call] if stacked else batch.bins[call[0]],
             config,
             num_sequences=batch.num_sequences,
             num_tokens=batch.num_tokens,
-            old_logp=o,
-            entropy=e,
+            old_logp=torch.cat([old[i] for i in call]),
+            entropy=torch.cat([entropy[i] for i in call]),
         ).loss
-        for v, b, o, e in zip(logp, batch.bins, old, entropy, strict=True)
+        for call in calls
     )
     total.backward()
 
@@ -318,13 +323,14 @@ def test_bad_packing_arguments_are_named(arguments, error, message):
 def test_bad_loss_and_logprob_arguments_are_named():
     batch = pack_sequences([_bad()], 8)
     (packed,) = batch.bins
+    (short,) = pack_sequences([_bad()], 6).bins
     logp = torch.zeros(1, 8)
     counts = dict(num_sequences=1, num_tokens=2)
     cases = [
         (
             lambda: packed_grpo_loss(torch.zeros(1, 7), packed, **counts),
             ValueError,
-            r"logp: must be the bin's \[1, L\]",
+            r"logp: must be the bins' \[k, L\] = \(1, 8\)",
         ),
         (
             lambda: packed_grpo_loss(logp, packed, old_logp=torch.zeros(8), **counts),
@@ -332,6 +338,23 @@ def test_bad_loss_and_logprob_arguments_are_named():
             "old_logp: must be",
         ),
         (lambda: packed_grpo_loss(logp, "bin", **counts), TypeError, "packed_bin: must be a PackedBin"),
+        (lambda: packed_grpo_loss(logp, [], **counts), TypeError, "packed_bin: must be a PackedBin"),
+        (lambda: packed_grpo_loss(logp, [packed, "bin"], **counts), TypeError, r"packed_bin\[1\]: must be"),
+        (
+            lambda: packed_grpo_loss(torch.zeros(2, 8), [packed, short], **counts),
+            ValueError,
+            r"packed_bin\[1\]: \(1, 6\) tokens, but packed_bin\[0\] has \(1, 8\)",
+        ),
+        (
+            lambda: packed_grpo_loss(torch.zeros(2, 8), [packed, packed], num_sequences=2, num_tokens=4),
+            ValueError,
+            "packed_bin: the bins hold one sequence index twice",
+        ),
+        (
+            lambda: packed_grpo_loss(logp, [packed, packed], num_sequences=2, num_tokens=4),
+            ValueError,
+            r"logp: must be the bins' \[k, L\] = \(2, 8\)",
+        ),
         (
             lambda: packed_grpo_loss(logp, packed, {"beta": 0.1}, **counts),
             TypeError,

@@ -138,13 +138,16 @@ class GRPOLoopConfig:
     bin_length: int = config_field(
         128,
         minimum=2,
-        help="Tokens per packed training bin (one forward and backward each: with longer sequences, "
-        "longer bins are faster; packed attention costs the square of the bin's length).",
+        help="Most tokens per packed training row. Each optimizer step packs its rollouts into rows of "
+        "the length, up to this, that pads them least (one sequence per row when they are alike; "
+        "packed attention costs the square of the row's length).",
     )
     bins_per_forward: int = config_field(
-        16,
+        32,
         minimum=1,
-        help="Packed bins stacked in one forward and backward (more: fewer, larger passes, more activation memory).",
+        help="Tokens per forward and backward, in bins of bin_length: the packed rows are stacked "
+        "up to bins_per_forward x bin_length tokens a pass (more: fewer, larger passes, more "
+        "activation memory).",
     )
     max_sequence_length: int = config_field(
         128,

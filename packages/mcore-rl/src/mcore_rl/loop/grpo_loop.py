@@ -24,6 +24,7 @@ from ..agents.rollout import RolloutGroup
 from ..inference.engine_handle import EngineHandle
 from ..inference.vocab import check_vocabulary
 from ..packing import PackedBin, TrainingSequence, label_logprobs, pack_sequences, packed_grpo_loss
+from ..packing.first_fit import tightest_capacity
 from ..refit import refit
 from .batch import RolloutBatch, rollout_batch
 from .config import GRPOLoopConfig
@@ -272,30 +273,41 @@ class GRPOLoop:
             return self._train(bins, sizes, ref)
 
     def _pack(self, sequences: list[TrainingSequence]) -> tuple[tuple[PackedBin, ...], tuple[int, int]]:
-        """This data-parallel rank's bins of ``sequences`` and their (sequences, tokens)."""
+        """This data-parallel rank's bins of ``sequences`` and their (sequences, tokens): bins of
+        the length, up to ``config.bin_length``, that pads them least (``tightest_capacity``)."""
         if not sequences:
             return (), (0, 0)
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in sequences]
         packed = pack_sequences(
             sequences,
-            self.config.bin_length,
+            tightest_capacity(lengths, self.config.bin_length, self._tp_size),
             data_parallel_size=self.dp_size,
             pad_token_id=self.tokenizer.pad_id if hasattr(self.tokenizer, "pad_id") else 0,
         )
         rank = dist.get_rank(self.groups.dp)
         return packed.data_parallel_bins(rank), (packed.num_sequences, packed.num_tokens)
 
+    @property
+    def _tp_size(self) -> int:
+        group = _tp_group(self.policy)
+        return 1 if group is None else dist.get_world_size(group)
+
     def _chunks(self, bins: tuple[PackedBin, ...]) -> list[tuple[PackedBin, ...]]:
-        """``bins`` in runs of ``config.bins_per_forward``, one forward and backward each."""
-        size = self.config.bins_per_forward
-        return [bins[start : start + size] for start in range(0, len(bins), size)]
+        """``bins`` in as few runs as hold at most ``config.bins_per_forward`` x ``bin_length``
+        tokens each (as even as they divide), one forward and backward each."""
+        if not bins:
+            return []
+        budget = self.config.bins_per_forward * self.config.bin_length
+        rows_per_run = max(1, budget // bins[0].tokens.shape[1])
+        runs = -(-len(bins) // rows_per_run)
+        return [bins[run * len(bins) // runs : (run + 1) * len(bins) // runs] for run in range(runs)]
 
     def _forward(self, model: torch.nn.Module, bins: tuple[PackedBin, ...]) -> torch.Tensor:
         """The label log-probs ``[len(bins), L]`` of ``bins`` stacked as rows of one batch (each
         row's documents told apart by its position resets). The padding that ends every row is
         left out of the forward (causal: no token before it sees it), up to a multiple of the
         tensor-parallel size (so that sequence-parallel splits still divide it); its log-probs are 0."""
-        tp_group = _tp_group(self.policy)
-        multiple = 1 if tp_group is None else dist.get_world_size(tp_group)
+        tp_group, multiple = _tp_group(self.policy), self._tp_size
         length = bins[0].tokens.shape[1]
         longest = max(1, *(length - b.padding for b in bins))
         used = min(length, math.ceil(longest / multiple) * multiple)
@@ -308,8 +320,9 @@ class GRPOLoop:
         return torch.nn.functional.pad(logp, (0, length - used))
 
     def _reference_logprobs(self, bins: tuple[PackedBin, ...]) -> list[torch.Tensor]:
+        """The reference's label log-probs of each of ``_chunks(bins)``, ``[len(chunk), L]``."""
         with torch.no_grad():
-            return [row[None] for chunk in self._chunks(bins) for row in self._forward(self.reference, chunk)]
+            return [self._forward(self.reference, chunk) for chunk in self._chunks(bins)]
 
     def _gradient_sync(self, last: bool):
         """Where a backward runs: under the sharded model's ``no_sync`` (gradients accumulated
@@ -331,30 +344,26 @@ class GRPOLoop:
                 self.config.lr * min(1.0, (self.iteration + 1) / warmup) if warmup else self.config.lr
             )
         self.optimizer.zero_grad()
-        loss, kl, clipped, index = 0.0, 0.0, 0.0, 0
+        loss, kl, clipped = 0.0, 0.0, 0.0
         chunks = self._chunks(bins)  # as many on every rank: each rank has as many bins
         for number, chunk in enumerate(chunks):
-            logp, chunk_loss = self._forward(self.model, chunk), 0.0
-            for row, packed in enumerate(chunk):
-                result = packed_grpo_loss(
-                    logp[row : row + 1],
-                    packed,
-                    self.loss_config,
-                    num_sequences=num_sequences,
-                    num_tokens=num_tokens,
-                    ref_logp=None if ref is None else ref[index],
-                )
-                chunk_loss, index = chunk_loss + result.loss, index + 1
-                share = int(packed.loss_mask.sum()) / num_tokens
-                metrics = result.metrics
-                if metrics:
-                    clipped += share * float(metrics["clip_fraction_low"] + metrics["clip_fraction_high"])
-                    kl += share * float(metrics.get("kl_mean", 0.0))
+            result = packed_grpo_loss(
+                self._forward(self.model, chunk),
+                chunk,
+                self.loss_config,
+                num_sequences=num_sequences,
+                num_tokens=num_tokens,
+                ref_logp=None if ref is None else ref[number],
+            )
+            share, metrics = sum(int(b.loss_mask.sum()) for b in chunk) / num_tokens, result.metrics
+            if metrics:
+                clipped += share * float(metrics["clip_fraction_low"] + metrics["clip_fraction_high"])
+                kl += share * float(metrics.get("kl_mean", 0.0))
             # DDP and mcore-fsdp average the ranks' gradients; mcore-fsdp accumulates the chunks
             # before the last locally (in FP32) and reduces their sum with the last one's
             with self._gradient_sync(last=number == len(chunks) - 1):
-                (chunk_loss * self.dp_size).backward()
-            loss += float(chunk_loss.detach())
+                (result.loss * self.dp_size).backward()
+            loss += float(result.loss.detach())
         grad_norm = float(self.optimizer.step())
         self.policy.eval()
         totals = torch.tensor([loss, kl, clipped], dtype=torch.float64)

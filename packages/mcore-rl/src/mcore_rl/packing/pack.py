@@ -115,7 +115,7 @@ def pack_sequences(
         raise ValueError(
             f"sequences[{with_ref.index(False)}].ref_logprobs: given for some sequences, so needed for all"
         )
-    bins = tuple(_pack_bin(checked, members, bin_length, pad_token_id, all(with_ref)) for members in groups)
+    bins = _pack_bins(checked, groups, bin_length, pad_token_id, all(with_ref))
     return PackedBatch(
         bins=bins,
         num_sequences=len(checked),
@@ -124,43 +124,80 @@ def pack_sequences(
     )
 
 
-def _pack_bin(
-    sequences: list[CheckedSequence], members: list[int], length: int, pad_token_id: int, with_ref: bool
-) -> PackedBin:
-    tokens = torch.full((length,), pad_token_id, dtype=torch.long)
-    labels = torch.full((length,), IGNORE_INDEX, dtype=torch.long)
-    owner = torch.full((length,), -1, dtype=torch.long)
-    mask = torch.zeros(length, dtype=torch.bool)
-    advantages, sampling, ref = (torch.zeros(length) for _ in range(3))
-    bounds = [0]
-    for index in members:
-        sequence = sequences[index]
-        start, prompt = bounds[-1], len(sequence.prompt_ids)
-        end = start + len(sequence)
-        tokens[start:end] = torch.cat([sequence.prompt_ids, sequence.completion_ids])
-        labels[start : end - 1] = tokens[start + 1 : end]
-        owner[start:end] = index
-        predicting = slice(start + prompt - 1, end - 1)  # the positions whose label is a completion token
-        mask[predicting] = True
-        advantages[predicting] = sequence.advantage
-        sampling[predicting] = sequence.sampling_logprobs
-        if with_ref:
-            ref[predicting] = sequence.ref_logprobs
-        bounds.append(end)
-    if bounds[-1] < length:
-        bounds.append(length)
-    params = PackedSeqParams(cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
-    return PackedBin(
-        tokens=tokens[None],
-        position_ids=params.position_ids(length),
-        packed_seq_params=params,
-        labels=labels[None],
-        loss_mask=mask[None],
-        advantages=advantages[None],
-        sampling_logprobs=sampling[None],
-        ref_logprobs=ref[None] if with_ref else None,
-        sequence_index=owner[None],
-    )
+def _pack_bins(
+    sequences: list[CheckedSequence], groups: list[list[int]], length: int, pad_token_id: int, with_ref: bool
+) -> tuple[PackedBin, ...]:
+    """One bin per member list of ``groups``: its rows built as Python lists, each field made a
+    ``[bins, length]`` tensor at once, every bin a row of them."""
+    names = ("tokens", "positions", "labels", "owner", "mask", "advantages", "sampling", "ref")
+    fields = {name: [] for name in names}
+    bounds_of = []
+    for members in groups:
+        row = {name: [] for name in fields}
+        bounds = [0]
+        for index in members:
+            _append_sequence(row, sequences[index], index, with_ref)
+            bounds.append(len(row["tokens"]))
+        padding = length - bounds[-1]
+        if padding:
+            bounds.append(length)
+        for name, values in row.items():
+            if name == "positions":  # the padding counts as one more sequence
+                values.extend(range(padding))
+            else:
+                values.extend([pad_token_id if name == "tokens" else _PADDING[name]] * padding)
+            fields[name].append(values)
+        bounds_of.append(bounds)
+    tensors = {
+        name: torch.tensor(rows, dtype=_DTYPES[name]).view(len(groups), length)
+        for name, rows in fields.items()
+    }
+    bins = []
+    for b, bounds in enumerate(bounds_of):
+        params = PackedSeqParams(cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
+        bins.append(
+            PackedBin(
+                tokens=tensors["tokens"][b : b + 1],
+                position_ids=tensors["positions"][b : b + 1],
+                packed_seq_params=params,
+                labels=tensors["labels"][b : b + 1],
+                loss_mask=tensors["mask"][b : b + 1],
+                advantages=tensors["advantages"][b : b + 1],
+                sampling_logprobs=tensors["sampling"][b : b + 1],
+                ref_logprobs=tensors["ref"][b : b + 1] if with_ref else None,
+                sequence_index=tensors["owner"][b : b + 1],
+            )
+        )
+    return tuple(bins)
+
+
+_PADDING = {
+    "labels": IGNORE_INDEX,
+    "owner": -1,
+    "mask": False,
+    "advantages": 0.0,
+    "sampling": 0.0,
+    "ref": 0.0,
+}
+_DTYPES = {name: torch.long for name in ("tokens", "positions", "labels", "owner")} | {"mask": torch.bool}
+_DTYPES |= {"advantages": torch.float32, "sampling": torch.float32, "ref": torch.float32}
+
+
+def _append_sequence(row: dict[str, list], sequence: CheckedSequence, index: int, with_ref: bool) -> None:
+    """Add ``sequence`` (number ``index`` of the batch) to the end of ``row``'s lists: its tokens,
+    labels (the next token, ``IGNORE_INDEX`` at its last), and the per-token values at the
+    positions that predict a completion token."""
+    prompt, completion = sequence.prompt_ids, sequence.completion_ids
+    tokens = prompt + completion
+    before, after = [0.0] * (len(prompt) - 1), [0.0]  # the positions around the predicting ones
+    row["tokens"] += tokens
+    row["positions"] += range(len(tokens))
+    row["labels"] += [*tokens[1:], IGNORE_INDEX]
+    row["owner"] += [index] * len(tokens)
+    row["mask"] += [False] * len(before) + [True] * len(completion) + [False]
+    row["advantages"] += before + [sequence.advantage] * len(completion) + after
+    row["sampling"] += before + sequence.sampling_logprobs + after
+    row["ref"] += before + (sequence.ref_logprobs if with_ref else [0.0] * len(completion)) + after
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

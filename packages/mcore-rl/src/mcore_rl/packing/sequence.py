@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,13 +30,14 @@ class TrainingSequence:
 
 @dataclass(frozen=True)
 class CheckedSequence:
-    """A ``TrainingSequence`` as tensors: ids ``long``, log-probs ``float32``, all 1-D."""
+    """A ``TrainingSequence`` checked, as Python lists: ids ``int`` >= 0, log-probs finite
+    ``float`` <= 0 (values of float32 precision where they came as tensors)."""
 
-    prompt_ids: torch.Tensor
-    completion_ids: torch.Tensor
-    sampling_logprobs: torch.Tensor
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampling_logprobs: list[float]
     advantage: float
-    ref_logprobs: torch.Tensor | None
+    ref_logprobs: list[float] | None
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -62,18 +64,28 @@ def check_sequence(sequence: object, name: str) -> CheckedSequence:
     return CheckedSequence(prompt, completion, sampling, float(sequence.advantage), ref)
 
 
-def _token_ids(name: str, values: object) -> torch.Tensor:
+def _token_ids(name: str, values: object) -> list[int]:
+    if isinstance(values, (list, tuple)) and all(type(v) is int for v in values):  # the common case
+        if values and min(values) < 0:
+            raise ValueError(f"{name}: token ids must be >= 0, got {min(values)}")
+        return list(values)
     tensor = _one_dimensional(name, values)
     if len(tensor) == 0:
-        return tensor.to(torch.long)
+        return []
     if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
         raise TypeError(f"{name}: must hold integer token ids, got dtype {tensor.dtype}")
     if int(tensor.min()) < 0:
         raise ValueError(f"{name}: token ids must be >= 0, got {int(tensor.min())}")
-    return tensor.to(torch.long)
+    return tensor.tolist()
 
 
-def _logprobs(name: str, values: object, length: int) -> torch.Tensor:
+def _logprobs(name: str, values: object, length: int) -> list[float]:
+    if (
+        isinstance(values, (list, tuple))
+        and len(values) == length
+        and all(type(v) is float and -math.inf < v <= 0 for v in values)
+    ):  # the common case: finite floats <= 0 (the checks below name what is wrong otherwise)
+        return list(values)
     tensor = _one_dimensional(name, values)
     if len(tensor) != length:
         raise ValueError(f"{name}: must hold one value per completion token ({length}), got {len(tensor)}")
@@ -84,7 +96,7 @@ def _logprobs(name: str, values: object, length: int) -> torch.Tensor:
         raise ValueError(f"{name}: must be finite, got {tensor[~torch.isfinite(tensor)][0].item()}")
     if bool((tensor > 0).any()):
         raise ValueError(f"{name}: log-probs must be <= 0, got {tensor.max().item()}")
-    return tensor
+    return tensor.tolist()
 
 
 def _one_dimensional(name: str, values: object) -> torch.Tensor:

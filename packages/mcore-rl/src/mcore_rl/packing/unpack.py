@@ -26,8 +26,15 @@ class CompletionRows:
 
     @classmethod
     def of(cls, packed_bin: PackedBin) -> CompletionRows:
-        positions = packed_bin.loss_mask[0].nonzero().squeeze(1)
-        owners = packed_bin.sequence_index[0, positions]
+        """The completions of ``packed_bin``."""
+        return cls.of_rows(packed_bin.loss_mask, packed_bin.sequence_index)
+
+    @classmethod
+    def of_rows(cls, loss_mask: torch.Tensor, sequence_index: torch.Tensor) -> CompletionRows:
+        """The completions of bins stacked as rows (``[k, L]`` masks and sequence indices, each
+        sequence in one row): ``positions`` index the flattened rows."""
+        positions = loss_mask.reshape(-1).nonzero().squeeze(1)
+        owners = sequence_index.reshape(-1)[positions]
         sequence_index, lengths = torch.unique_consecutive(owners, return_counts=True)
         row = torch.repeat_interleave(torch.arange(len(lengths), device=owners.device), lengths)
         starts = torch.cumsum(lengths, 0) - lengths
@@ -40,10 +47,11 @@ class CompletionRows:
         return torch.arange(width, device=self.lengths.device) < self.lengths[:, None]
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
-        """``[n, T]``: ``values`` ``[1, L]`` at the completion tokens, 0 elsewhere; differentiable."""
+        """``[n, T]``: ``values`` (``[k, L]``, the rows these completions were found in) at the
+        completion tokens, 0 elsewhere; differentiable."""
         device = values.device
         rows = values.new_zeros(len(self.lengths), int(self.lengths.max()))
-        picked = values[0, self.positions.to(device)]
+        picked = values.reshape(-1)[self.positions.to(device)]
         return rows.index_put((self.row.to(device), self.col.to(device)), picked)
 
 
