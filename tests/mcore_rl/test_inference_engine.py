@@ -82,6 +82,22 @@ def test_engine_equals_hf_on_the_same_weights(handles, hf_model, sampling):
         )
 
 
+@pytest.mark.parametrize("which", ["engine", "hf"])
+def test_every_prompt_of_a_seeded_call_has_its_own_streams(handles, which):
+    """Sample ``j`` of prompt ``i`` draws with ``seed + i * n + j``: the same prompt twice in one
+    call gives different samples, each equal to a one-prompt call with its seed."""
+    handle = dict(zip(("engine", "hf"), handles, strict=True))[which]
+    options = dict(n=2, temperature=1.0, max_tokens=10, ignore_eos=True)
+    twice = handle.generate(["12+34=", "12+34="], seed=7, **options)
+    first, second = (
+        handle.generate(["12+34="], seed=7, **options),
+        handle.generate(["12+34="], seed=9, **options),
+    )
+    assert [g.completion_ids for g in twice] == [g.completion_ids for g in first + second]
+    assert [g.prompt_index for g in twice] == [0, 0, 1, 1]
+    assert twice[0].completion_ids != twice[2].completion_ids
+
+
 def test_stop_strings_cut_the_text(handles):
     engine_handle, hf_handle = handles
     (free,) = engine_handle.generate(["12+34="], temperature=0, max_tokens=10, ignore_eos=True)

@@ -42,16 +42,16 @@ def engine_and_trainer_logprobs(loop):
     return torch.tensor(request.prompt_logprobs[1:]), trainer
 
 
-class LongAnswers(AdditionAgent):
-    """Rewards the completion's length: an untrained policy's samples differ in it, so every
-    group has advantages to learn from."""
+class VariedRewards(AdditionAgent):
+    """Rewards the completion's length and its digits' sum: an untrained policy's samples differ
+    in them, so every group has advantages to learn from."""
 
     def get_reward(self, example, completion_text):
-        return float(len(completion_text))
+        return float(len(completion_text) + sum(int(c) for c in completion_text if c.isdigit()))
 
 
 def _refit_and_suspend():
-    loop = build_loop(agent=LongAnswers(200, 20, max_digits=2))
+    loop = build_loop(agent=VariedRewards(200, 20, max_digits=2))
     before = engine_and_trainer_logprobs(loop)[0]
     seen = []
     hook = loop.policy.register_forward_pre_hook(

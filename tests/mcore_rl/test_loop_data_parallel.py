@@ -11,12 +11,12 @@ import torch
 from mcore_rl.loop import save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_loop import LongAnswers, build_loop
+from test_loop import VariedRewards, build_loop
 
 
 def _one_iteration(directory, distributed_optimizer):
     loop = build_loop(
-        agent=LongAnswers(200, 20, max_digits=2), beta=0.05, distributed_optimizer=distributed_optimizer
+        agent=VariedRewards(200, 20, max_digits=2), beta=0.05, distributed_optimizer=distributed_optimizer
     )
     initial = [p.detach().clone() for p in loop.policy.parameters()]
     generated, generate = [], loop.handle.generate
@@ -47,13 +47,14 @@ def test_two_data_parallel_ranks_equal_one(run_distributed, tmp_path):
         assert record["generated"] == single["generated"] // 2 > 0  # each rank samples its half
         torch.testing.assert_close(record["loss"], single["loss"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(record["kl"], single["kl"], rtol=1e-4, atol=1e-6)
-        # Adam's first step (lr 1e-2) moves each weight by about lr * sign(gradient), so float32
-        # rounding in gradients near 0 (other matmul shapes on two ranks) shows up as ~1e-6; a
-        # wrong gradient moves weights by up to lr
+        # Adam's first step (lr 1e-2) moves each weight by lr * g / (|g| + eps), so float32
+        # rounding in gradients near eps (other matmul shapes on two ranks) shows up as 1e-6 to
+        # 1e-5; a wrong gradient moves weights by up to lr
         for name, value in single_weights.items():
-            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-5, msg=name)
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-4, msg=name)
     sharded, whole = _adam_state(two), _adam_state(one)
     assert sharded.keys() == whole.keys()
     for name, state in whole.items():
         for key, value in state.items():
-            torch.testing.assert_close(sharded[name][key], value, rtol=1e-4, atol=1e-6, msg=f"{name} {key}")
+            atol = 1e-4 if key == "main" else 1e-6  # the main weights: as the weights above
+            torch.testing.assert_close(sharded[name][key], value, rtol=1e-4, atol=atol, msg=f"{name} {key}")

@@ -25,7 +25,7 @@ from mcore_rl.loop import CharTokenizer, GRPOLoop, GRPOLoopConfig, load_checkpoi
 from mcore_testing.distributed import run_distributed
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_loop import FAST, TINY, LongAnswers, build_loop
+from test_loop import FAST, TINY, VariedRewards, build_loop
 
 # bins of 16 tokens hold one or two sums each: several bins per rank, two per forward, so each
 # optimizer step accumulates chunks under no_sync before the last one reduces
@@ -48,7 +48,7 @@ def needs_fsdp():
 
 
 def _loop(seed=0, **config):
-    return build_loop(agent=LongAnswers(200, 20, max_digits=2), seed=seed, **(OPTIONS | config))
+    return build_loop(agent=VariedRewards(200, 20, max_digits=2), seed=seed, **(OPTIONS | config))
 
 
 def _record(record):
@@ -263,7 +263,7 @@ def _tensor_parallel_policy():
     config = dataclasses.replace(TINY.transformer_config(), tensor_model_parallel_size=2)
     policy = GPTModel(config, CharTokenizer().vocab_size, pg_collection=groups)
     try:
-        GRPOLoop(policy, LongAnswers(200, 20), CharTokenizer(), GRPOLoopConfig(**FAST, fsdp=True), groups)
+        GRPOLoop(policy, VariedRewards(200, 20), CharTokenizer(), GRPOLoopConfig(**FAST, fsdp=True), groups)
     except ConfigError as error:
         return error.fields, str(error), dist.get_world_size(groups.tp)
     return None

@@ -14,7 +14,7 @@ from mcore_rl import grpo_loss
 from mcore_rl.loop.batch import rollout_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_loop import TINY, LongAnswers, build_loop
+from test_loop import TINY, VariedRewards, build_loop
 
 
 def _completion_logprobs(model, sequence):
@@ -48,7 +48,7 @@ def _hand_steps(model, sequences, shares, loop):
 
 def _two_minibatches():
     loop = build_loop(
-        agent=LongAnswers(200, 20, max_digits=2),
+        agent=VariedRewards(200, 20, max_digits=2),
         minibatches=2,
         clip_grad=0.5,
         bin_length=32,  # several bins per mini-batch, stacked two per forward
@@ -61,7 +61,7 @@ def _two_minibatches():
     loop._rollouts = lambda tasks, iteration: captured.extend(rollouts(tasks, iteration)) or captured
     record = loop.step()
     batch = rollout_batch(captured, loop.loss_config)
-    assert batch.group_sizes == [4, 4, 4, 4]  # LongAnswers: every group has a spread
+    assert batch.group_sizes == [4, 4, 4, 4]  # VariedRewards: every group has a spread
     _hand_steps(model.train(), batch.sequences, [8, 8], loop)
     return record, dict(loop.policy.named_parameters()), dict(model.named_parameters())
 

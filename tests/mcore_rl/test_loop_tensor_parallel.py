@@ -13,7 +13,7 @@ from mcore_parallel import destroy_model_parallel, initialize_model_parallel
 from mcore_rl.loop import CharTokenizer, GRPOLoop, GRPOLoopConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_loop import FAST, TINY, LongAnswers
+from test_loop import FAST, TINY, VariedRewards
 
 
 def _vocab_padded(full, local, policy):
@@ -40,7 +40,7 @@ def _iteration(path, tensor_parallel):
                 local.copy_(
                     shard_full_tensor(local, _vocab_padded(full[name], local, policy), rank, tensor_parallel)
                 )
-    agent = LongAnswers(200, 20, max_digits=2)
+    agent = VariedRewards(200, 20, max_digits=2)
     loop = GRPOLoop(policy, agent, tokenizer, GRPOLoopConfig(**FAST), groups)
     record = loop.step()
     weights = {name: gather_full_tensor(t, groups.tp) for name, t in state_tensors(loop.policy).items()}
@@ -58,4 +58,6 @@ def test_two_tensor_parallel_ranks_equal_one(run_distributed, tmp_path):
         for name, value in single_weights.items():
             assert not torch.equal(value, torch.load(path)[name]) or "norm" in name
             rows = weights[name][: value.shape[0]]  # without the vocabulary padding of TP 2
-            torch.testing.assert_close(rows, value, rtol=1e-4, atol=1e-5, msg=name)
+            # Adam's first step (lr 1e-2): gradients near eps round to 1e-5 apart; a wrong one
+            # moves a weight by up to lr
+            torch.testing.assert_close(rows, value, rtol=1e-4, atol=1e-4, msg=name)

@@ -47,7 +47,7 @@ class EngineHandle:
         ids = prompt_token_ids(prompts, self.tokenizer)
         keys = [(i, j) for i in range(len(ids)) for j in range(options.n)]
         requests = self.engine.generate(
-            [ids[i] for i, _ in keys], [options.engine_params(j) for _, j in keys]
+            [ids[i] for i, _ in keys], [options.engine_params(j, i) for i, j in keys]
         )
         failed = [
             (i, r.error) for (i, _), r in zip(keys, requests, strict=True) if r.status is RequestStatus.FAILED

@@ -73,7 +73,7 @@ class HFHandle:
     @torch.no_grad()
     def _sample_group(self, prompt: list[int], index: int, options: SamplingOptions) -> list[Generation]:
         """The ``n`` samples of one prompt, decoded together (no padding: same prompt)."""
-        params = [options.engine_params(j) for j in range(options.n)]
+        params = [options.engine_params(j, index) for j in range(options.n)]
         device = next(self.model.parameters()).device
         inputs = torch.tensor([prompt] * options.n, device=device)
         tokens: list[list[int]] = [[] for _ in params]

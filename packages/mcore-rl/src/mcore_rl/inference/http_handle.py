@@ -8,6 +8,7 @@ import json
 import socket
 import urllib.parse
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mcore_api import experimental_api
@@ -20,13 +21,14 @@ from .vocab import tokenizer_size
 
 _TOKEN_ID_PREFIX = "token_id:"
 _TOKEN_IDS_FIELD = "return_tokens_as_token_ids"
+_MAX_CONCURRENT_REQUESTS = 64
 _FALLBACK = "pass server_token_ids=False and a tokenizer to map the token texts back to ids"
 
 
 @experimental_api
 class OpenAIHandle:
-    """``generate`` through ``POST {base_url}/v1/completions``: one request per call, prompts sent
-    as token ids (texts are encoded with ``tokenizer`` first), ``n`` choices each, ``logprobs=0``
+    """``generate`` through ``POST {base_url}/v1/completions``: one request per call (one per
+    prompt, sent concurrently, when seeded: see ``SamplingOptions.seed``), prompts sent as token ids (texts are encoded with ``tokenizer`` first), ``n`` choices each, ``logprobs=0``
     for the sampled tokens' log-probabilities.
 
     The completion's token ids come back one of two ways:
@@ -81,15 +83,25 @@ class OpenAIHandle:
         """``n`` completions of each prompt (``sampling``: the fields of ``SamplingOptions``)."""
         options = SamplingOptions(**sampling)
         ids = prompt_token_ids(prompts, self.tokenizer)
-        body = self._request("POST", "/v1/completions", self._body(ids, options))
+        if options.seed is None:
+            return self._completions(ids, 0, options)
+        # a server seeds choice j of every prompt of a request alike: one request per prompt
+        with ThreadPoolExecutor(min(len(ids), _MAX_CONCURRENT_REQUESTS) or 1) as pool:
+            parts = pool.map(lambda i: self._completions(ids[i : i + 1], i, options), range(len(ids)))
+            return [g for part in parts for g in part]
+
+    def _completions(self, ids: list[list[int]], first: int, options: SamplingOptions) -> list[Generation]:
+        """The generations of one request for ``ids``, prompts ``first``, ``first + 1``, ... of
+        the call (seeded as prompt ``first``'s)."""
+        body = self._request("POST", "/v1/completions", self._body(ids, options, options.prompt_seed(first)))
         choices = sorted(body["choices"], key=lambda c: c["index"])
         if len(choices) != len(ids) * options.n:
             raise GenerationError(
                 f"{self.base_url}: {len(choices)} choices for {len(ids)} prompts x n={options.n}"
             )
-        return [self._generation(c, ids, options.n) for c in choices]
+        return [self._generation(c, ids, first, options.n) for c in choices]
 
-    def _body(self, ids: list[list[int]], options: SamplingOptions) -> dict[str, Any]:
+    def _body(self, ids: list[list[int]], options: SamplingOptions, seed: int | None) -> dict[str, Any]:
         body = {
             "model": self.model,
             "prompt": ids,
@@ -98,7 +110,7 @@ class OpenAIHandle:
             "temperature": options.temperature,
             "top_p": options.top_p,
             "top_k": options.top_k or -1,
-            "seed": options.seed,
+            "seed": seed,
             "stop": list(options.stop) or None,
             "ignore_eos": options.ignore_eos or None,
             "logprobs": 0,
@@ -107,18 +119,18 @@ class OpenAIHandle:
             body[_TOKEN_IDS_FIELD] = True
         return {key: value for key, value in body.items() if value is not None}
 
-    def _generation(self, choice: dict[str, Any], ids: list[list[int]], n: int) -> Generation:
+    def _generation(self, choice: dict[str, Any], ids: list[list[int]], first: int, n: int) -> Generation:
         index, sample = divmod(choice["index"], n)
         logprobs = choice.get("logprobs") or {}
         pieces, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
-        tokens = [self._token_id(piece, index) for piece in pieces]
+        tokens = [self._token_id(piece, first + index) for piece in pieces]
         return Generation(
             prompt_ids=ids[index],
             completion_ids=tokens,
             text=choice.get("text"),
             logprobs=[float(v) for v in values],
             finish_reason=choice.get("finish_reason") or "stop",
-            prompt_index=index,
+            prompt_index=first + index,
             sample_index=sample,
         )
 

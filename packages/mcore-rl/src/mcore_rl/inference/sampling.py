@@ -25,8 +25,9 @@ def _is_real(value: object) -> bool:
 class SamplingOptions:
     """How a handle samples: ``n`` completions per prompt, at most ``max_tokens`` tokens each;
     ``temperature`` (0 = greedy), then ``top_k`` (0 = off) and ``top_p`` (1 = off) filtering;
-    ``seed`` (``None``: unseeded; sample ``j`` of every prompt draws with ``seed + j``, as
-    ``mcore-serve`` seeds its choices); ``stop``: strings that end a completion (its text is cut
+    ``seed`` (``None``: unseeded; sample ``j`` of prompt ``i`` of a call draws with
+    ``seed + i * n + j``: every completion of a call its own stream, reproducible, as
+    ``mcore-serve`` seeds the choices of a one-prompt request with ``seed + j``); ``stop``: strings that end a completion (its text is cut
     before them); ``ignore_eos``: go on past the end-of-sequence token. A bad value raises
     ``TypeError``/``ValueError`` naming the field and what is allowed; an unknown field is a
     ``TypeError``."""
@@ -60,14 +61,19 @@ class SamplingOptions:
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos: must be a bool, got {self.ignore_eos!r}")
 
-    def engine_params(self, sample_index: int) -> SamplingParams:
-        """The ``mcore_inference.SamplingParams`` of sample ``sample_index`` of a prompt (with
-        log-probabilities)."""
+    def prompt_seed(self, prompt_index: int) -> int | None:
+        """The seed of prompt ``prompt_index``'s first sample (its sample ``j`` adds ``j``)."""
+        return None if self.seed is None else self.seed + prompt_index * self.n
+
+    def engine_params(self, sample_index: int, prompt_index: int = 0) -> SamplingParams:
+        """The ``mcore_inference.SamplingParams`` of sample ``sample_index`` of prompt
+        ``prompt_index`` (with log-probabilities)."""
+        seed = self.prompt_seed(prompt_index)
         return SamplingParams(
             temperature=float(self.temperature),
             top_k=self.top_k,
             top_p=float(self.top_p),
-            seed=None if self.seed is None else self.seed + sample_index,
+            seed=None if seed is None else seed + sample_index,
             num_tokens_to_generate=self.max_tokens,
             stop_strings=list(self.stop),
             ignore_eos=self.ignore_eos,

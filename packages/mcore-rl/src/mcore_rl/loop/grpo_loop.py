@@ -175,8 +175,10 @@ class GRPOLoop:
         return dist.get_world_size(self.groups.dp)
 
     def sampling_seed(self, iteration: int) -> int:
-        """The seed of ``iteration``'s rollouts (sample ``j`` of a prompt draws with it plus ``j``)."""
-        return (self.config.seed << 32) + iteration * self.config.group_size
+        """The seed of ``iteration``'s rollouts: sample ``j`` of its prompt ``p`` draws with it
+        plus ``p * group_size + j``, so no two completions of a run share a stream."""
+        config = self.config
+        return (config.seed << 32) + iteration * config.prompts_per_iteration * config.group_size
 
     def step(self, evaluate_after: bool = False) -> dict[str, Any]:
         """One GRPO iteration (and a held-out evaluation after it when ``evaluate_after``); its
@@ -203,13 +205,12 @@ class GRPOLoop:
     def _rollouts(self, tasks: list[TaskExample], iteration: int) -> list[RolloutGroup]:
         """The scored groups of ``tasks``, in order, every rank's: each data-parallel rank
         generates and scores a consecutive share of the prompts; the groups are then gathered.
-        A sample's seed depends on its prompt's iteration and sample number only, so the groups
-        are the same for any number of ranks."""
+        A sample's seed depends on its iteration, its prompt's place in the batch and its sample
+        number only, so the groups are the same for any number of ranks."""
         config, rank, ranks = self.config, dist.get_rank(self.groups.dp), self.dp_size
         start, end = rank * len(tasks) // ranks, (rank + 1) * len(tasks) // ranks
-        sampling = dict(
-            max_tokens=config.max_tokens, temperature=config.temperature, seed=self.sampling_seed(iteration)
-        )
+        seed = self.sampling_seed(iteration) + start * config.group_size
+        sampling = dict(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
         mine = (
             grouped_rollouts(self.handle, tasks[start:end], config.group_size, **sampling)
             if end > start
