@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from mcore_inference import SamplingParams, filter_logits, sample
-from mcore_inference.sampler import seeded_uniforms
+from mcore_inference.sampler import seeded_uniform
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -102,13 +102,16 @@ def test_a_seeded_row_draws_the_same_whatever_its_batch():
 
 
 def test_seeded_uniforms_are_a_function_of_seed_and_position():
-    seeds = torch.tensor([0, 1, 2**62 + 5, 0, 2**63 - 1])
-    positions = torch.tensor([0, 0, 7, 1, 2**31])
-    u = seeded_uniforms(seeds, positions)
-    assert u.dtype == torch.float64 and bool(((u >= 0) & (u < 1)).all())
-    assert len(set(u.tolist())) == 5
-    torch.testing.assert_close(seeded_uniforms(seeds[2:3], positions[2:3]), u[2:3], rtol=0, atol=0)
-    many = seeded_uniforms(torch.arange(20000) % 50, torch.arange(20000) // 50)  # 50 seeds, 400 steps
+    pairs = [(0, 0), (1, 0), (2**62 + 5, 7), (0, 1), (2**63 - 1, 2**31)]
+    u = [seeded_uniform(seed, position) for seed, position in pairs]
+    assert all(isinstance(x, float) and 0 <= x < 1 for x in u)
+    # the numbers of the tensor-op hash of mcore-inference 0.3.9: seeded draws keep their tokens
+    pinned = ["0x1.180d2b94280d9p-1", "0x1.579f7984054c8p-1", "0x1.cb178e8575c95p-1"]
+    pinned += ["0x1.9ad808d843db4p-1", "0x1.1d661c10d8d50p-1"]
+    assert u == [float.fromhex(h) for h in pinned]
+    assert len(set(u)) == 5
+    assert seeded_uniform(2**62 + 5, 7) == u[2]  # again, from the cached seed state
+    many = torch.tensor([seeded_uniform(i % 50, i // 50) for i in range(20000)])  # 50 seeds, 400 steps
     histogram = torch.histc(many.float(), bins=10, min=0, max=1)
     assert float(((histogram - 2000) ** 2 / 2000).sum()) < 27.9  # chi-square, 9 dof, p = 0.001
 

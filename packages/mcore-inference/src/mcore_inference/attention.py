@@ -258,7 +258,11 @@ class StepAttention:
     def row_tables(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every query row as a decode row: ``(positions [tokens], block_table [tokens, W])``,
         a prefill chunk's rows at their positions over the chunk's blocks; built once per step.
-        Rows of neither (padding) read position 0 of block 0 and are ignored."""
+        Rows of neither (padding) read position 0 of block 0 and are ignored. A step of decode
+        rows only, all of its rows, takes the decode batch's own tensors."""
+        decode = self.decode
+        if self._rows is None and decode is not None and not self.prefills and _covers(decode.rows, tokens):
+            self._rows = decode.positions.contiguous(), decode.block_table.contiguous()
         if self._rows is None:
             chunks = [(c.rows, torch.arange(c.start, c.end), c.blocks) for c in self.prefills]
             if self.decode is not None:
@@ -272,6 +276,11 @@ class StepAttention:
                 table[rows, : blocks.shape[-1]] = blocks
             self._rows = positions, table
         return self._rows
+
+
+def _covers(rows: slice | torch.Tensor, tokens: int) -> bool:
+    """Whether ``rows`` (of a decode batch) are all ``tokens`` rows of the step, in order."""
+    return isinstance(rows, slice) and rows == slice(0, tokens)
 
 
 @internal_api

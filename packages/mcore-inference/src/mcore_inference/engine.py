@@ -334,6 +334,7 @@ class DynamicInferenceEngine:
         ]
         requests = [r for r, _ in sampling]
         sampled, errors = self._sampler.sample([row for _, row in sampling], requests, logits)
+        sampled_ids = {r.request_id for r in requests}
         for chunk, rows in zip(chunks, logits_slices, strict=True):
             request = chunk.request
             if chunk.logits == "all":
@@ -341,7 +342,7 @@ class DynamicInferenceEngine:
             request.num_computed_tokens = chunk.end
             if request.request_id not in errors:  # NaN logits may come with NaN keys/values
                 self.scheduler.register_full_blocks(request)
-            if chunk.end == len(request.tokens) and request not in requests:
+            if chunk.end == len(request.tokens) and request.request_id not in sampled_ids:
                 self._complete(request, "length")  # nothing to generate (num_tokens_to_generate=0)
         now = time.time()
         for i, request in enumerate(requests):

@@ -15,6 +15,7 @@ from mcore_models import InferenceModel, MambaStepLayout
 from .attention import DecodeBatch, PrefillChunk, StepAttention
 from .context import DynamicInferenceContext
 from .errors import RequestOverflowError, TokenOverflowError
+from .host_tensor import host_tensor
 from .pipeline import PipelineStage
 from .scheduler import ScheduledChunk
 
@@ -58,6 +59,37 @@ class DecodeBuffers:
         )
 
 
+def _token_slots(block_ids: Sequence[int], start: int, end: int, size: int) -> list[int]:
+    """The cache slots of positions ``start .. end - 1`` in blocks ``block_ids`` of ``size``
+    tokens: a range per block, no loop over tokens."""
+    slots: list[int] = []
+    for index in range(start // size, -(-end // size)):
+        first = index * size
+        base = block_ids[index] * size - first
+        slots += range(base + max(start, first), base + min(end, first + size))
+    return slots
+
+
+def _token_layout(chunks: Sequence[ScheduledChunk], size: int) -> torch.Tensor:
+    """``[3, t]`` (host): the token ids, positions and cache slots of every token of ``chunks``
+    (blocks of ``size`` tokens), from one list each: one tensor built, one copy to the device."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    for chunk in chunks:
+        request, start = chunk.request, chunk.start
+        if chunk.length == 1:  # a decode (most chunks): one token, in one block
+            ids.append(request.tokens[start])
+            positions.append(start)
+            slots.append(request.block_ids[start // size] * size + start % size)
+        else:
+            end = start + chunk.length
+            ids += request.tokens[start:end]
+            positions += range(start, end)
+            slots += _token_slots(request.block_ids, start, end, size)
+    return host_tensor(itertools.chain(ids, positions, slots)).view(3, len(ids))
+
+
 def _logits_slices(chunks: Sequence[ScheduledChunk], offsets: Sequence[int]) -> tuple[list[int], list[slice]]:
     """Rows of the step whose logits are needed, and each chunk's share of them."""
     rows: list[int] = []
@@ -77,7 +109,7 @@ class ModelRunner:
     """Runs steps of ``model`` over ``context``'s cache (through ``pipeline``'s stages if given).
 
     ``prepare_step`` lays chunks out as one flattened row: token ids and positions, the cache slot
-    of every new token (from the context's block tables, without a loop over tokens), the rows
+    of every new token (from its request's blocks, without a loop over tokens), the rows
     whose logits the step needs, and ``StepAttention`` (decode rows batched, each prefill chunk on
     its own; see ``attention``). ``prepare_padded_decode`` does the same for one-token chunks in a
     static shape. ``layout_seconds`` and ``forward_seconds`` add up the host time spent laying
@@ -122,39 +154,42 @@ class ModelRunner:
         total = sum(lengths)
         if total > context.max_tokens:
             raise TokenOverflowError(f"{total} tokens in one step, max_tokens is {context.max_tokens}")
-        device, size = context.device, context.block_size
         tables = context.block_tables
         rows = [tables.sync(chunk.request.request_id, chunk.request.block_ids) for chunk in chunks]
         offsets = list(itertools.accumulate(lengths, initial=0))[:-1]
-        # Positions and cache slots of every token, from one repeat per chunk (no loop over tokens).
-        per_token = torch.tensor(lengths)
-        first_positions = torch.tensor(
-            [chunk.start - offset for chunk, offset in zip(chunks, offsets, strict=True)]
-        )
-        positions = torch.arange(total) + first_positions.repeat_interleave(per_token, output_size=total)
-        token_rows = torch.tensor(rows).repeat_interleave(per_token, output_size=total)
-        table = tables.table
-        slots = table[token_rows, positions // size] * size + positions % size
-        ids = torch.tensor(
-            list(itertools.chain.from_iterable(c.request.tokens[c.start : c.end] for c in chunks))
-        )
+        ids, positions, slots = _token_layout(chunks, context.block_size).to(context.device).unbind(0)
         logits_rows, logits_slices = _logits_slices(chunks, offsets)
+        context.step_attention = self._step_attention(chunks, rows, offsets, positions)
+        if context.mamba_slots is not None:
+            context.mamba_layout = self._mamba_layout(chunks, offsets)
+        context.token_slots = slots
+        context.logits_indices = host_tensor(logits_rows).to(context.device)
+        return ids.view(1, total), positions.view(1, total), logits_slices
 
+    def _step_attention(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        rows: Sequence[int],
+        offsets: Sequence[int],
+        positions: torch.Tensor,
+    ) -> StepAttention:
+        """The one-token chunks as one ``DecodeBatch`` (their ``positions``, block-table ``rows``),
+        each longer one as a ``PrefillChunk``."""
+        context = self.context
+        device, size, table = context.device, context.block_size, context.block_tables.table
         step = StepAttention()
         decode_rows = [i for i, chunk in enumerate(chunks) if chunk.length == 1]
         if decode_rows:
             decode_positions = [chunks[i].start for i in decode_rows]
             width = context.blocks_needed(max(decode_positions) + 1)
             offsets_of_decodes = [offsets[i] for i in decode_rows]
-            contiguous = offsets_of_decodes == list(
-                range(offsets_of_decodes[0], offsets_of_decodes[0] + len(decode_rows))
-            )
+            first, last = offsets_of_decodes[0], offsets_of_decodes[-1]
+            contiguous = last - first == len(decode_rows) - 1  # offsets only grow
+            step_rows = slice(first, last + 1) if contiguous else host_tensor(offsets_of_decodes).to(device)
             step.decode = DecodeBatch(
-                slice(offsets_of_decodes[0], offsets_of_decodes[-1] + 1)
-                if contiguous
-                else torch.tensor(offsets_of_decodes, device=device),
-                torch.tensor(decode_positions, device=device),
-                table[torch.tensor([rows[i] for i in decode_rows]), :width].to(device),
+                step_rows,
+                positions[step_rows],
+                table[host_tensor([rows[i] for i in decode_rows]), :width].to(device),
                 size,
                 host_positions=decode_positions,
             )
@@ -164,12 +199,7 @@ class ModelRunner:
                 step.prefills.append(
                     PrefillChunk(slice(offset, offset + chunk.length), chunk.start, chunk.end, blocks, size)
                 )
-        context.step_attention = step
-        if context.mamba_slots is not None:
-            context.mamba_layout = self._mamba_layout(chunks, offsets)
-        context.token_slots = slots.to(device)
-        context.logits_indices = torch.tensor(logits_rows, dtype=torch.long, device=device)
-        return ids.view(1, total).to(device), positions.view(1, total).to(device), logits_slices
+        return step
 
     def _mamba_layout(self, chunks: Sequence[ScheduledChunk], offsets: Sequence[int]) -> MambaStepLayout:
         """Each chunk's Mamba state slot (zeroed for a chunk from the first token): one-token
@@ -181,8 +211,8 @@ class ModelRunner:
         decodes = [i for i, chunk in enumerate(chunks) if chunk.length == 1]
         device = self.context.device
         return MambaStepLayout(
-            torch.tensor([offsets[i] for i in decodes], dtype=torch.long, device=device),
-            torch.tensor([slots[i] for i in decodes], dtype=torch.long, device=device),
+            host_tensor([offsets[i] for i in decodes]).to(device),
+            host_tensor([slots[i] for i in decodes]).to(device),
             tuple(
                 (slice(offset, offset + chunk.length), slot)
                 for chunk, offset, slot in zip(chunks, offsets, slots, strict=True)
@@ -204,18 +234,18 @@ class ModelRunner:
             raise ValueError(f"a chunk in this step sees more than {key_blocks} blocks")
         size, count = context.block_size, len(chunks)
         tables = context.block_tables
-        table_rows = torch.tensor([tables.sync(c.request.request_id, c.request.block_ids) for c in chunks])
+        table_rows = host_tensor([tables.sync(c.request.request_id, c.request.block_ids) for c in chunks])
         block_table = torch.zeros(rows, key_blocks, dtype=torch.long)
         block_table[:count] = tables.table[table_rows, :key_blocks]
         positions = torch.zeros(rows, dtype=torch.long)
-        positions[:count] = torch.tensor([chunk.start for chunk in chunks])
+        positions[:count] = host_tensor([chunk.start for chunk in chunks])
         token_slots = torch.full((rows,), context.padding_slot, dtype=torch.long)
         token_slots[:count] = (
             block_table[:count].gather(1, (positions[:count] // size).view(-1, 1)).view(-1) * size
         )
         token_slots[:count] += positions[:count] % size
         ids = torch.zeros(rows, dtype=torch.long)
-        ids[:count] = torch.tensor([chunk.request.tokens[chunk.start] for chunk in chunks])
+        ids[:count] = host_tensor([chunk.request.tokens[chunk.start] for chunk in chunks])
         view = buffers.view(rows, key_blocks)
         view.input_ids.copy_(ids.view(1, rows))
         view.positions.copy_(positions)  # position_ids share this memory

@@ -7,6 +7,8 @@ from itertools import chain
 
 import torch
 
+from .host_tensor import host_tensor
+
 
 def token_counts(token_lists: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """``[len(token_lists), vocab_size]`` float counts of each token id in each list, built with one
@@ -14,8 +16,8 @@ def token_counts(token_lists: Sequence[Sequence[int]], vocab_size: int, device: 
     counts = torch.zeros(len(token_lists) * vocab_size, device=device)
     lengths = [len(tokens) for tokens in token_lists]
     if sum(lengths):
-        ids = torch.tensor(list(chain.from_iterable(token_lists)), dtype=torch.long)
-        rows = torch.repeat_interleave(torch.arange(len(token_lists)), torch.tensor(lengths))
+        ids = host_tensor(chain.from_iterable(token_lists))
+        rows = torch.repeat_interleave(torch.arange(len(token_lists)), host_tensor(lengths))
         flat = (rows * vocab_size + ids).to(device, non_blocking=True)
         counts.index_add_(0, flat, torch.ones(flat.shape, device=device))
     return counts.view(len(token_lists), vocab_size)

@@ -13,12 +13,14 @@ reads the tokens back once (and the log-probabilities once, if asked).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from mcore_api import internal_api
 
+from .host_tensor import host_tensor
 from .penalties import apply_penalties, token_counts
 from .sampling_params import SamplingParams
 
@@ -42,49 +44,43 @@ class SampledTokens:
     top_logprobs: list[dict[int, float]]
 
 
-def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
-    """``x * constant mod 2**32`` for ``x`` in ``[0, 2**32)``, in 16-bit halves: no int64 overflow."""
-    low = x * (constant & 0xFFFF)
-    high = ((x * (constant >> 16)) & 0xFFFF) << 16
-    return (low + high) & _MASK32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit bijective integer hash (C. Wellons' ``lowbias32``)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+def _mix32(x: int) -> int:
+    """A 32-bit bijective integer hash (C. Wellons' ``lowbias32``) of ``x`` in ``[0, 2**32)``."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
     return x ^ (x >> 16)
 
 
-def seeded_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """A uniform number in ``[0, 1)`` (float64) for each ``(seed, position)`` pair of int64 CPU
-    tensors: a pure function of the pair, the same on every device and in every batch."""
-    h = _mix32((seeds & _MASK32) ^ 0x9E3779B9)
-    h = _mix32(h ^ (seeds >> 32))
-    h = _mix32(h ^ (positions & _MASK32))
+@functools.lru_cache(maxsize=1 << 14)
+def _seed_state(seed: int) -> int:
+    """The hash state after ``seed`` (the part of a draw that is the same at every position)."""
+    return _mix32(_mix32((seed & _MASK32) ^ 0x9E3779B9) ^ (seed >> 32))
+
+
+def seeded_uniform(seed: int, position: int) -> float:
+    """A uniform number in ``[0, 1)`` for ``(seed, position)`` (ints in ``[0, 2**63)``): a pure
+    function of the pair, so the same on every device and in every batch. Its 53 bits are exact
+    in float64. Computed on Python ints, a few microseconds a row: the same hash as a batch of
+    tensor ops takes ~75 ops of several microseconds each, whatever the batch."""
+    h = _mix32(_seed_state(seed) ^ (position & _MASK32))
     high = _mix32(h ^ 0x85EBCA6B)
     low = _mix32(high ^ 0xC2B2AE35)
-    return ((high >> 5) * 2**26 + (low >> 6)).double() / 2**53
+    return ((high >> 5) * 2**26 + (low >> 6)) / 2**53
 
 
 def _uniforms(
     params: Sequence[SamplingParams], positions: Sequence[int], generator: torch.Generator | None
-) -> torch.Tensor:
-    """One uniform number per row (float64, CPU): seeded rows hash (seed, position), the others
-    share one draw from ``generator``."""
-    seeded = [i for i, p in enumerate(params) if p.seed is not None]
-    uniforms = torch.empty(len(params), dtype=torch.float64)
-    if len(seeded) < len(params):
-        unseeded = torch.ones(len(params), dtype=torch.bool)
-        unseeded[seeded] = False
-        uniforms[unseeded] = torch.rand(len(params) - len(seeded), dtype=torch.float64, generator=generator)
-    if seeded:
-        seeds = torch.tensor([params[i].seed for i in seeded])
-        steps = torch.tensor([positions[i] for i in seeded])
-        uniforms[seeded] = seeded_uniforms(seeds, steps)
-    return uniforms
+) -> list[float]:
+    """One uniform number per row: seeded rows hash (seed, position), the others share one
+    draw (float64) from ``generator``."""
+    unseeded = sum(p.seed is None for p in params)
+    draws = iter(torch.rand(unseeded, dtype=torch.float64, generator=generator).tolist() if unseeded else ())
+    return [
+        next(draws) if p.seed is None else seeded_uniform(p.seed, position)
+        for p, position in zip(params, positions, strict=True)
+    ]
 
 
 def _filter(
@@ -122,11 +118,19 @@ def _draw(filtered: torch.Tensor, order: torch.Tensor | None, uniforms: torch.Te
     return order.gather(1, column.unsqueeze(1)).squeeze(1)
 
 
+@internal_api
+def nonfinite_rows(values: torch.Tensor) -> torch.Tensor:
+    """``[R]``: the rows of ``values [R, V]`` that no token can be drawn from: a NaN, a ``+inf``, or
+    every entry ``-inf`` (single ``-inf`` entries are excluded tokens and fine). Exactly the rows
+    whose maximum is not finite, as max reductions propagate NaN: one pass over the values."""
+    return ~torch.isfinite(values.amax(dim=-1))
+
+
 def _rows(mask: list[bool], device: torch.device) -> slice | torch.Tensor:
     """Index of the rows where ``mask`` holds: a slice when it is all of them."""
     if all(mask):
         return slice(None)
-    return torch.tensor([i for i, m in enumerate(mask) if m], device=device)
+    return host_tensor([i for i, m in enumerate(mask) if m]).to(device)
 
 
 def _parameter_columns(
@@ -140,24 +144,21 @@ def _parameter_columns(
     """Per-row ``[R]`` tensors on ``device``, copied there in one transfer: temperature (1 for
     greedy rows), top_k (vocabulary size = off), top_p, min_p, the presence, frequency and
     repetition penalties, and (float64) the uniform numbers of the draws if ``with_uniforms``."""
-    table = torch.tensor(
-        [
-            (
-                p.temperature if p.temperature > 0 else 1.0,
-                p.top_k or vocab,
-                p.top_p,
-                p.min_p,
-                p.presence_penalty,
-                p.frequency_penalty,
-                p.repetition_penalty,
-            )
-            for p in params
-        ],
-        dtype=torch.float64,
-    )
-    if with_uniforms:
-        uniforms = _uniforms(params, [len(o) for o in outputs], generator)
-        table = torch.cat([table, uniforms.unsqueeze(1)], dim=1)
+    uniforms = _uniforms(params, [len(o) for o in outputs], generator) if with_uniforms else None
+    values: list[float] = []
+    for i, p in enumerate(params):
+        values += (
+            p.temperature if p.temperature > 0 else 1.0,
+            p.top_k or vocab,
+            p.top_p,
+            p.min_p,
+            p.presence_penalty,
+            p.frequency_penalty,
+            p.repetition_penalty,
+        )
+        if uniforms is not None:
+            values.append(uniforms[i])
+    table = host_tensor(values, torch.float64).view(len(params), 8 if with_uniforms else 7)
     table = table.to(device, non_blocking=True)
     return (*table[:, :7].float().unbind(1), *table[:, 7:].unbind(1))
 
@@ -212,15 +213,17 @@ def sample(
         scored = raw.clone()
         scored[rows] = apply_penalties(raw[rows], counts, prompt_mask, presence, frequency, repetition)
 
-    tokens = _argmax_rows(scored)  # every greedy row's token
     if any(sampled):
         rows = _rows(sampled, device)
         temperature, top_k, top_p, min_p = (columns[c][rows].unsqueeze(1) for c in range(4))
         sort = any(p.top_k or p.top_p < 1.0 for p, s in zip(params, sampled, strict=True) if s)
         scaled = scored[rows] / temperature
         filtered, order = _filter(scaled, top_k, top_p, min_p, sort)
-        drawn = _draw(filtered, order, columns[7][rows]).masked_fill(_unsampleable(scaled), UNSAMPLEABLE)
-        tokens = tokens.index_copy(0, rows, drawn) if isinstance(rows, torch.Tensor) else drawn
+        drawn = _draw(filtered, order, columns[7][rows]).masked_fill(nonfinite_rows(scaled), UNSAMPLEABLE)
+        # the greedy rows' tokens are the argmax; an all-sampled batch needs none
+        tokens = _argmax_rows(scored).index_copy(0, rows, drawn) if isinstance(rows, torch.Tensor) else drawn
+    else:
+        tokens = _argmax_rows(scored)
 
     token_list = tokens.tolist()
     logprobs, top_logprobs = _logprobs(raw, tokens, params)
@@ -245,12 +248,6 @@ def _argmax_rows(values: torch.Tensor) -> torch.Tensor:
     start = body.argmax(dim=-1, keepdim=True) * _ARGMAX_BLOCK
     columns = (start + torch.arange(_ARGMAX_BLOCK, device=values.device)).clamp_(max=width - 1)
     return start.squeeze(1) + values.gather(1, columns).argmax(dim=-1)
-
-
-def _unsampleable(scaled: torch.Tensor) -> torch.Tensor:
-    """``[R]``: rows with no valid distribution (NaN or ``+inf``, e.g. a finite logit overflowing
-    once divided by its temperature, or every token ``-inf``)."""
-    return (scaled.isnan() | (scaled == float("inf"))).any(dim=-1) | (scaled == float("-inf")).all(dim=-1)
 
 
 def _logprobs(

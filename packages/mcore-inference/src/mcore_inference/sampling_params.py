@@ -141,9 +141,7 @@ class SamplingParams:
 
     def max_total_length(self, prompt_length: int) -> int:
         """Length (prompt + output) at which the request stops for length."""
-        limits = []
-        if self.num_tokens_to_generate is not None:
-            limits.append(prompt_length + self.num_tokens_to_generate)
-        if self.num_tokens_total is not None:
-            limits.append(self.num_tokens_total)
-        return min(limits)
+        generate, total = self.num_tokens_to_generate, self.num_tokens_total
+        if total is None:
+            return prompt_length + generate
+        return total if generate is None else min(prompt_length + generate, total)

@@ -11,9 +11,10 @@ import torch.distributed as dist
 from mcore_kernels import argmax_rows
 from mcore_parallel import get_group_device
 
+from .host_tensor import host_tensor
 from .pipeline import PipelineStage
 from .request import Request
-from .sampler import UNSAMPLEABLE, SampledTokens, sample
+from .sampler import UNSAMPLEABLE, SampledTokens, nonfinite_rows, sample
 from .scheduler import ScheduledChunk
 
 SAMPLING_FAILURES = {
@@ -21,13 +22,6 @@ SAMPLING_FAILURES = {
     -2: "sampling failed: the distribution after temperature and filters is not valid (NaN or inf)",
 }
 """Why a row could not be sampled, by the negative token id that stands for it in the broadcast."""
-
-
-def _nonfinite_rows(logits: torch.Tensor) -> list[bool]:
-    """Rows of ``logits [R, V]`` that no token can be sampled from: a NaN, a ``+inf``, or every
-    entry ``-inf`` (single ``-inf`` entries are masked tokens and fine): exactly the rows whose
-    maximum is not finite, as max reductions propagate NaN. One pass over the logits."""
-    return (~torch.isfinite(logits.amax(dim=-1))).tolist()
 
 
 def _plain_greedy(params) -> bool:
@@ -40,7 +34,7 @@ def _select_rows(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     """``logits[rows]``, without a copy when ``rows`` are all of them in order (most steps)."""
     if len(rows) == len(logits) and all(row == i for i, row in enumerate(rows)):
         return logits
-    return logits[torch.tensor(list(rows), device=logits.device)]
+    return logits[host_tensor(rows).to(logits.device)]
 
 
 class StepSampler:
@@ -80,23 +74,10 @@ class StepSampler:
         else:
             # float32 first: reductions (the finiteness check, argmax) are several times faster in it.
             logits = logits.float()
-            failures = {i: -1 for i, bad in enumerate(_nonfinite_rows(logits)) if bad}
-            good = [i for i in range(count) if i not in failures]
+            failures = {i: -1 for i, bad in enumerate(nonfinite_rows(logits).tolist()) if bad}
+            good = [i for i in range(count) if i not in failures] if failures else range(count)
         if good:
-            chosen = [requests[i] for i in good]
-            result = sample(
-                _select_rows(logits, good),
-                [r.sampling_params for r in chosen],
-                self.generator,
-                prompt_tokens=[r.prompt_tokens for r in chosen],
-                output_tokens=[r.generated_tokens for r in chosen],
-            )
-            for j, i in enumerate(good):
-                sampled.tokens[i] = result.tokens[j]
-                sampled.logprobs[i] = result.logprobs[j]
-                sampled.top_logprobs[i] = result.top_logprobs[j]
-                if result.tokens[j] == UNSAMPLEABLE:
-                    failures[i] = -2
+            sampled = self._sample_rows(logits, requests, good, sampled, failures)
         for i, code in failures.items():
             sampled.tokens[i] = code
         agreed = self.agree(sampled)
@@ -107,6 +88,35 @@ class StepSampler:
         }
         return agreed, errors
 
+    def _sample_rows(
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[Request],
+        good: Sequence[int],
+        sampled: SampledTokens,
+        failures: dict[int, int],
+    ) -> SampledTokens:
+        """``sampled`` with the rows ``good`` of ``logits`` (their requests' parameters) sampled in,
+        the ones the sampler finds ``UNSAMPLEABLE`` added to ``failures``."""
+        chosen = [requests[i] for i in good]
+        result = sample(
+            _select_rows(logits, good),
+            [r.sampling_params for r in chosen],
+            self.generator,
+            prompt_tokens=[r.prompt_tokens for r in chosen],
+            output_tokens=[r.generated_tokens for r in chosen],
+        )
+        failures.update(
+            (i, -2) for i, token in zip(good, result.tokens, strict=True) if token == UNSAMPLEABLE
+        )
+        if len(good) == len(requests):  # most steps: every row, in order
+            return result
+        for j, i in enumerate(good):
+            sampled.tokens[i] = result.tokens[j]
+            sampled.logprobs[i] = result.logprobs[j]
+            sampled.top_logprobs[i] = result.top_logprobs[j]
+        return sampled
+
     def agree(self, sampled: SampledTokens) -> SampledTokens:
         """The tokens and their log-probabilities of the first tensor-parallel rank of the last
         pipeline stage: tensor-parallel ranks take their first rank's, then the last stage's."""
@@ -116,7 +126,7 @@ class StepSampler:
         if not hops:
             return sampled
         device = get_group_device(hops[0][0])  # token ids are exact in float64
-        values = torch.tensor([sampled.tokens, sampled.logprobs], dtype=torch.float64, device=device)
+        values = host_tensor([*sampled.tokens, *sampled.logprobs], torch.float64).view(2, -1).to(device)
         for group, source in hops:
             dist.broadcast(values, src=source, group=group)
         return replace(sampled, tokens=values[0].long().tolist(), logprobs=values[1].tolist())
@@ -133,7 +143,7 @@ def prompt_logprobs(chunk: ScheduledChunk, logits: torch.Tensor) -> None:
     if not targets or len(request.prompt_logprobs) != targets.start:
         return
     logprobs = torch.log_softmax(logits[: len(targets)].float(), dim=-1)
-    index = torch.tensor([prompt[t] for t in targets], device=logprobs.device).unsqueeze(1)
+    index = host_tensor([prompt[t] for t in targets]).to(logprobs.device).unsqueeze(1)
     request.prompt_logprobs.extend(logprobs.gather(1, index).squeeze(1).tolist())
     top_n = request.sampling_params.top_n_logprobs
     if top_n:
