@@ -28,8 +28,9 @@ _FALLBACK = "pass server_token_ids=False and a tokenizer to map the token texts 
 @experimental_api
 class OpenAIHandle:
     """``generate`` through ``POST {base_url}/v1/completions``: one request per call (one per
-    prompt, sent concurrently, when seeded: see ``SamplingOptions.seed``), prompts sent as token ids (texts are encoded with ``tokenizer`` first), ``n`` choices each, ``logprobs=0``
-    for the sampled tokens' log-probabilities.
+    prompt, sent concurrently, when seeded: see ``SamplingOptions.seed``), prompts sent as token
+    ids (texts are encoded with ``tokenizer`` first), ``n`` choices each, ``logprobs=0`` for the
+    sampled tokens' log-probabilities.
 
     The completion's token ids come back one of two ways:
 

@@ -27,8 +27,9 @@ class SamplingOptions:
     ``temperature`` (0 = greedy), then ``top_k`` (0 = off) and ``top_p`` (1 = off) filtering;
     ``seed`` (``None``: unseeded; sample ``j`` of prompt ``i`` of a call draws with
     ``seed + i * n + j``: every completion of a call its own stream, reproducible, as
-    ``mcore-serve`` seeds the choices of a one-prompt request with ``seed + j``); ``stop``: strings that end a completion (its text is cut
-    before them); ``ignore_eos``: go on past the end-of-sequence token. A bad value raises
+    ``mcore-serve`` seeds the choices of a one-prompt request with ``seed + j``); ``stop``:
+    strings that end a completion (its text is cut before them); ``ignore_eos``: go on past the
+    end-of-sequence token. A bad value raises
     ``TypeError``/``ValueError`` naming the field and what is allowed; an unknown field is a
     ``TypeError``."""
 
